@@ -1,0 +1,21 @@
+"""egeria: knowledge-guided layer freezing for faster DNN training (EuroSys'23), on PyTorch."""
+
+from __future__ import annotations
+
+from .config import EgeriaConfig
+from .controller import Decision
+from .engine import Egeria, derive_eval_interval
+from .similarity import sp_loss
+from .unfreezing import LRDropRule, UnfreezeContext
+
+__all__ = [
+    "Egeria",
+    "EgeriaConfig",
+    "Decision",
+    "sp_loss",
+    "LRDropRule",
+    "UnfreezeContext",
+    "derive_eval_interval",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,52 @@
+"""The bootstrapping stage: no freezing while the training loss still changes fast (paper 3)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["BootstrapMonitor"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BootstrapMonitor:
+    """Watches the smoothed training loss and says when bootstrapping is over.
+
+    The loss is smoothed by averaging it over each interval of n steps; bootstrapping
+    ends at the first interval whose mean differs from the previous interval's mean by
+    less than ``change_rate`` of it.
+
+    Args:
+        change_rate: the relative change below which the loss counts as settled.
+    """
+
+    change_rate: float
+    means: list[float] = field(default_factory=list)
+    done: bool = False
+
+    def end_interval(self, losses: list[float]) -> bool:
+        """Takes the finite losses of one interval; returns True once bootstrapping is over."""
+        finite = [v for v in losses if math.isfinite(v)]
+        if len(finite) < len(losses):
+            logger.warning("ignored %d non-finite training losses in this interval", len(losses) - len(finite))
+        if not finite or self.done:
+            return self.done
+        mean = math.fsum(finite) / len(finite)
+        if self.means:
+            previous = self.means[-1]
+            change = abs(mean - previous) / max(abs(previous), 1e-12)
+            logger.debug("loss %.5g -> %.5g, relative change %.3g", previous, mean, change)
+            if change < self.change_rate:
+                self.done = True
+        self.means = (self.means + [mean])[-2:]
+        return self.done
+
+    def state_dict(self) -> dict:
+        return {"change_rate": self.change_rate, "means": list(self.means), "done": self.done}
+
+    @classmethod
+    def from_state(cls, state: dict) -> BootstrapMonitor:
+        return cls(**state)

@@ -1,0 +1,136 @@
+"""The one configuration object of Egeria, with its defaults and their validation."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Sequence, Union
+
+__all__ = ["EgeriaConfig", "PRECISIONS"]
+
+#: Precisions the reference model can run in.
+PRECISIONS = ("int8", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class EgeriaConfig:
+    """Knobs of knowledge-guided layer freezing (paper sections 3 and 4.2).
+
+    Every field has the paper's default. Values are checked when the config is built;
+    a bad one raises ``ValueError`` naming the field and the value.
+    """
+
+    # n: steps between two plasticity evaluations, and between two looks at the loss
+    # during bootstrapping. None derives it from ``total_steps`` by the paper's guideline
+    # n = total_steps / (2 W) / modules / 1.75 (section 4.2.2).
+    eval_interval: int | None = None
+    # W: evaluations with a low plasticity slope needed to freeze a module; also the
+    # length of the moving-average window and of the slope fit. Halved at each unfreeze.
+    window: int = 10
+    # T = tolerance_ratio x the largest slope magnitude among a module's first three
+    # readings: the per-module tolerance of the freezing rule.
+    tolerance_ratio: float = 0.2
+    # Bootstrapping ends when the relative change of the smoothed training loss between
+    # two consecutive intervals of n steps falls below this.
+    bootstrap_change_rate: float = 0.10
+    # Arithmetic of the reference model: "int8" (quantized, the default), "bf16", "fp32".
+    reference_precision: str = "int8"
+    # Unfreeze every module when the learning rate has dropped by this factor or more
+    # since the frontmost module froze (a 10x step decay by default).
+    unfreeze_lr_drop: float = 10.0
+    # Layer modules: None = automatic (building blocks grouped in execution order);
+    # a list of module names; or a regular expression matched against module names.
+    modules: Union[str, Sequence[str], None] = None
+    # Upper bound on the number of automatic layer modules; small neighbouring blocks
+    # are merged until at most this many remain.
+    max_modules: int = 8
+    # Refresh the reference model from the training model every this many evaluations.
+    # 1 (default) compares each reading against the snapshot of the previous evaluation,
+    # so a reading measures how far the module moved in the last n steps.
+    reference_refresh: int = 1
+    # Threads the reference model's forward pass may use (None = leave torch's setting).
+    reference_threads: int | None = 1
+    # Smallest window W may be halved down to by repeated unfreezing.
+    min_window: int = 2
+
+    def __post_init__(self) -> None:
+        _check_optional_positive_int(self, "eval_interval")
+        _check_positive_int(self, "window")
+        _check_positive_int(self, "max_modules")
+        _check_positive_int(self, "reference_refresh")
+        _check_optional_positive_int(self, "reference_threads")
+        _check_positive_int(self, "min_window")
+        if self.min_window > self.window:
+            raise ValueError(
+                f"EgeriaConfig.min_window={self.min_window!r} must not exceed window={self.window!r}"
+            )
+        if self.max_modules < 2:
+            raise ValueError(
+                f"EgeriaConfig.max_modules={self.max_modules!r}: at least 2 modules are needed "
+                "(the last one, the head, is never frozen)"
+            )
+        _check_fraction(self, "tolerance_ratio", allow_above_one=True)
+        _check_fraction(self, "bootstrap_change_rate", allow_above_one=True)
+        if not _finite_number(self.unfreeze_lr_drop) or self.unfreeze_lr_drop <= 1.0:
+            raise ValueError(
+                f"EgeriaConfig.unfreeze_lr_drop={self.unfreeze_lr_drop!r} must be a number > 1 "
+                "(the factor by which the learning rate must fall)"
+            )
+        if self.reference_precision not in PRECISIONS:
+            raise ValueError(
+                f"EgeriaConfig.reference_precision={self.reference_precision!r} is not one of "
+                f"{', '.join(map(repr, PRECISIONS))}"
+            )
+        _check_modules(self.modules)
+
+    def to_dict(self) -> dict:
+        """The config as a JSON-safe dict (``modules`` as a string or a list)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["modules"] is not None and not isinstance(out["modules"], str):
+            out["modules"] = list(out["modules"])
+        return out
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_positive_int(cfg: EgeriaConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"EgeriaConfig.{name}={value!r} must be a positive integer")
+
+
+def _check_optional_positive_int(cfg: EgeriaConfig, name: str) -> None:
+    if getattr(cfg, name) is not None:
+        _check_positive_int(cfg, name)
+
+
+def _check_fraction(cfg: EgeriaConfig, name: str, *, allow_above_one: bool) -> None:
+    value = getattr(cfg, name)
+    if not _finite_number(value) or value <= 0 or (not allow_above_one and value > 1):
+        raise ValueError(f"EgeriaConfig.{name}={value!r} must be a finite number > 0")
+
+
+def _check_modules(modules: object) -> None:
+    if modules is None:
+        return
+    if isinstance(modules, str):
+        try:
+            re.compile(modules)
+        except re.error as err:
+            raise ValueError(f"EgeriaConfig.modules={modules!r} is not a valid regular expression: {err}") from None
+        return
+    if isinstance(modules, (list, tuple)) and all(isinstance(m, str) for m in modules):
+        if len(modules) < 2:
+            raise ValueError(
+                f"EgeriaConfig.modules={list(modules)!r} names fewer than 2 modules; the last one "
+                "(the head) is never frozen, so there would be nothing to freeze"
+            )
+        if len(set(modules)) != len(modules):
+            raise ValueError(f"EgeriaConfig.modules={list(modules)!r} names a module twice")
+        return
+    raise ValueError(
+        f"EgeriaConfig.modules={modules!r} must be None, a regular expression string, or a list of module names"
+    )

@@ -1,0 +1,492 @@
+"""``Egeria``: knowledge-guided layer freezing driven from the user's own training loop.
+
+Where each piece runs, in a plain loop::
+
+    eg = Egeria(model, optimizer, total_steps=...)   # finds the blocks, installs hooks
+    for x, y in loader:
+        loss = loss_fn(model(x), y)   # 1st forward: blocks traced -> layer modules.
+                                      # Evaluation steps: the batch and the watched
+                                      # module's activation are captured by hooks.
+        loss.backward(); optimizer.step(); optimizer.zero_grad()
+        eg.step(loss)                 # step boundary: bootstrapping check, plasticity
+                                      # evaluation, freeze / unfreeze decisions applied
+    eg.close()                        # hooks removed, modules trainable again
+
+Decisions depend only on the sequence of losses, activations and learning rates, never
+on wall-clock time, and take effect only inside :meth:`Egeria.step`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from .bootstrap import BootstrapMonitor
+from .config import EgeriaConfig
+from .controller import Controller, Decision, Evaluation
+from .freezing import EvalLock, freeze_parameters, unfreeze_parameters
+from .partition import ExecutionTrace, Partition, build_partition, chosen_modules, find_blocks, first_tensor
+from .unfreezing import CYCLICAL_SCHEDULERS, LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
+
+__all__ = ["Egeria", "derive_eval_interval"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_FORMAT = 1
+# The paper's guideline (4.2.2): n = total / (2 W) / modules / (1 + 0.5 + 0.25), the last
+# factor covering bootstrapping, smoothing delay and window halving.
+_GUIDELINE_FACTOR = 1.75
+
+
+def derive_eval_interval(total_steps: int, window: int, num_modules: int) -> int:
+    """n from the paper's guideline, at least 1."""
+    return max(1, int(total_steps / (2 * window) / num_modules / _GUIDELINE_FACTOR))
+
+
+class Egeria:
+    """Freezes converged front layer modules of ``model`` while it trains.
+
+    Args:
+        model: the model being trained (called by the user's loop).
+        optimizer: its optimizer; its param groups are never changed.
+        config: hyperparameters; :class:`EgeriaConfig` defaults when None.
+        lr_scheduler: the learning-rate scheduler, if any (used to warn about cyclical
+            schedules, which need ``unfreeze_rule``).
+        total_steps: optimizer steps the run will take; needed when
+            ``config.eval_interval`` is None.
+        unfreeze_rule: replaces the default learning-rate-drop rule (for cyclical
+            schedules); called at each step with an :class:`UnfreezeContext`.
+        example_inputs: optional positional arguments for one forward pass run now (in eval
+            mode, without gradients) to find the layer modules before training starts.
+
+    Raises:
+        ValueError: for bad arguments, an optimizer without any of the model's
+            parameters, or a model with fewer than two layer modules.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        config: EgeriaConfig | None = None,
+        lr_scheduler: Any = None,
+        total_steps: int | None = None,
+        unfreeze_rule: UnfreezeRule | None = None,
+        example_inputs: tuple | None = None,
+    ) -> None:
+        self.config = config if config is not None else EgeriaConfig()
+        if not isinstance(self.config, EgeriaConfig):
+            raise ValueError(f"config must be an EgeriaConfig, got {type(self.config).__name__}")
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        _check_optimizer(model, optimizer)
+        if total_steps is not None and (not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1):
+            raise ValueError(f"total_steps={total_steps!r} must be a positive integer")
+        if self.config.eval_interval is None and total_steps is None:
+            raise ValueError(
+                "EgeriaConfig.eval_interval=None derives n from total_steps, but total_steps=None; "
+                "pass total_steps=len(loader) * epochs or set eval_interval"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.total_steps = total_steps
+        self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.config.unfreeze_lr_drop)
+        if unfreeze_rule is None and type(lr_scheduler).__name__ in CYCLICAL_SCHEDULERS:
+            logger.warning(
+                "%s is cyclical: the default unfreeze rule (a %gx learning-rate drop) fits annealing "
+                "schedules; pass unfreeze_rule= for cyclical ones",
+                type(lr_scheduler).__name__,
+                self.config.unfreeze_lr_drop,
+            )
+
+        self._blocks = find_blocks(model, self.config.modules)
+        if len(self._blocks) < 2:
+            raise ValueError(
+                f"the model has a single layer module ({self._blocks!r}); the head is never frozen, "
+                "so Egeria has nothing to freeze"
+            )
+        self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        self._params = dict(model.named_parameters())
+        self.stage = "bootstrap"
+        self.steps = 0
+        self.window = self.config.window
+        self.events: list[dict] = []
+        self._partition: Partition | None = None
+        self._eval_interval: int | None = self.config.eval_interval
+        self._frozen = 0
+        self._locks: list[EvalLock] = []
+        self._lr_at_freeze: float | None = None
+        self._freeze_step: int | None = None
+        self._bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
+        self._losses: list[Any] = []
+        self._controller: Controller | None = None
+        self._armed = self._eval_interval == 1
+        self._capturing = False
+        self._captured_batch: tuple | None = None
+        self._captured_activation: torch.Tensor | None = None
+        self._output_handles: list = []
+        self._closed = False
+        self._warned_no_loss = False
+
+        self._handles = [
+            model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True),
+            model.register_forward_hook(self._on_forward_end),
+        ]
+        self._trace: ExecutionTrace | None = ExecutionTrace(model, self._blocks)
+        if example_inputs is not None:
+            self._trace_with(example_inputs)
+
+    # -- public view -------------------------------------------------------------
+
+    @property
+    def modules(self) -> list[str]:
+        """Layer module names in execution order (the last is the head)."""
+        return self._require_partition("eg.modules").names
+
+    @property
+    def frozen(self) -> list[str]:
+        """Names of the frozen layer modules, always a prefix of :attr:`modules`."""
+        if self._partition is None:
+            return []
+        return self._partition.names[: self._frozen]
+
+    @property
+    def eval_interval(self) -> int | None:
+        """n, once known (after the first forward pass when derived)."""
+        return self._eval_interval
+
+    @property
+    def history(self) -> list[dict]:
+        """Plasticity readings so far: step, module, plasticity, smoothed, slope, tolerance."""
+        return [] if self._controller is None else list(self._controller.history)
+
+    @property
+    def partition(self) -> Partition:
+        return self._require_partition("eg.partition")
+
+    # -- the step boundary ---------------------------------------------------------
+
+    def step(self, loss: torch.Tensor | float | None = None) -> Decision | None:
+        """Call once per optimizer step, after ``optimizer.step()``.
+
+        Args:
+            loss: the step's training loss (a scalar tensor or a number); used during
+                bootstrapping. Non-finite values are logged and ignored.
+
+        Returns:
+            The freeze or unfreeze decision applied at this step, or None.
+
+        Raises:
+            RuntimeError: when called before any forward pass of the model, or after close().
+        """
+        self._check_open()
+        partition = self._require_partition("Egeria.step()")
+        self.steps += 1
+        n = self._eval_interval
+        assert n is not None
+        captured = self._take_capture()
+        decision: Decision | None = None
+        if self.stage == "bootstrap":
+            self._record_loss(loss)
+            if self.steps % n == 0:
+                self._end_bootstrap_interval()
+        if self.stage == "guided" and captured is not None and self._frozen < len(partition) - 1:
+            decision = self._evaluate(captured)
+        unfreeze = self._maybe_unfreeze()
+        decision = unfreeze or decision
+        self._armed = (self.steps + 1) % n == 0 and self._frozen < len(partition) - 1
+        return decision
+
+    def _record_loss(self, loss: Any) -> None:
+        if loss is None:
+            if not self._warned_no_loss:
+                logger.warning("Egeria.step() got no loss; bootstrapping cannot end without losses")
+                self._warned_no_loss = True
+            return
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                raise ValueError(f"Egeria.step(loss): loss must be a scalar, got shape {tuple(loss.shape)}")
+            self._losses.append(loss.detach().reshape(()))
+        elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            self._losses.append(float(loss))
+        else:
+            raise ValueError(f"Egeria.step(loss): loss must be a tensor or a number, got {type(loss).__name__}")
+
+    def _end_bootstrap_interval(self) -> None:
+        values = [float(v) for v in self._losses]  # one device sync per interval
+        self._losses = []
+        if self._bootstrap.end_interval(values):
+            self.stage = "guided"
+            self.events.append({"step": self.steps, "action": "guided", "modules": []})
+            logger.info("step %d: loss settled, bootstrapping over; guided freezing starts", self.steps)
+
+    def _evaluate(self, captured: tuple[tuple, torch.Tensor]) -> Decision | None:
+        assert self._controller is not None
+        batch, activation = captured
+        ev = Evaluation(self.steps, self._frozen, batch, activation)
+        decision = self._controller.evaluate(ev, self.model, self._frozen, self._hook_ids())
+        if decision is not None and decision.action == "freeze":
+            self._freeze_next(decision)
+            self._controller.frozen_one(self.model, ev)
+        return decision
+
+    def _freeze_next(self, decision: Decision) -> None:
+        partition = self._require_partition("freeze")
+        module = partition.modules[self._frozen]
+        freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+        named = dict(self.model.named_modules())
+        self._locks.extend(EvalLock(named[b]) for b in module.blocks)
+        if self._frozen == 0:
+            self._lr_at_freeze = current_lr(self.optimizer)
+            self._freeze_step = self.steps
+        self._frozen += 1
+        self._log_event(decision)
+
+    def _maybe_unfreeze(self) -> Decision | None:
+        if self._frozen == 0:
+            return None
+        ctx = UnfreezeContext(
+            self.steps, current_lr(self.optimizer), self._lr_at_freeze, self._freeze_step, tuple(self.frozen)
+        )
+        if not self.unfreeze_rule(ctx):
+            return None
+        names = tuple(self.frozen)
+        self._unfreeze_all()
+        self.window = max(self.config.min_window, self.window // 2)
+        assert self._controller is not None
+        self._controller.restart(self.window)
+        decision = Decision(self.steps, "unfreeze", names, f"learning rate {ctx.lr:.3g} (was {ctx.lr_at_freeze:.3g})")
+        self._log_event(decision)
+        return decision
+
+    def _unfreeze_all(self) -> None:
+        partition = self._require_partition("unfreeze")
+        for module in partition.modules[: self._frozen]:
+            unfreeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+        for lock in self._locks:
+            lock.release(self.model.training)
+        self._locks = []
+        self._frozen = 0
+        self._lr_at_freeze = None
+        self._freeze_step = None
+
+    def _log_event(self, decision: Decision) -> None:
+        self.events.append({"step": decision.step, "action": decision.action, "modules": list(decision.modules)})
+        logger.info("step %d: %s %s (%s)", decision.step, decision.action, ", ".join(decision.modules), decision.reason)
+
+    # -- hooks ---------------------------------------------------------------------
+
+    def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._capturing = False
+        if self._armed and module.training and self._captured_batch is None and self._partition is not None:
+            self._captured_batch = (_to_cpu(args), _to_cpu(kwargs))
+            self._capturing = True
+
+    def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._capturing = False
+        if self._trace is not None:
+            self._finish_trace()
+
+    def _on_block_output(self, index: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if self._capturing and index == self._frozen and self._captured_activation is None:
+                tensor = first_tensor(output)
+                if tensor is not None:
+                    self._captured_activation = tensor.detach().to("cpu", copy=True)
+
+        return hook
+
+    def _take_capture(self) -> tuple[tuple, torch.Tensor] | None:
+        batch, activation = self._captured_batch, self._captured_activation
+        self._captured_batch = None
+        self._captured_activation = None
+        if batch is None or activation is None:
+            return None
+        return batch, activation
+
+    def _trace_with(self, example_inputs: tuple) -> None:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                self.model(*example_inputs)
+        finally:
+            self.model.train(was_training)
+
+    def _finish_trace(self) -> None:
+        assert self._trace is not None
+        order = self._trace.order
+        self._trace.remove()
+        self._trace = None
+        chosen = chosen_modules(self.model, self.config.modules)
+        partition = build_partition(
+            self.model, self._blocks, order, max_modules=self.config.max_modules, user_chosen=chosen
+        )
+        self._install_partition(partition)
+
+    def _install_partition(self, partition: Partition) -> None:
+        self._partition = partition
+        if self._eval_interval is None:
+            assert self.total_steps is not None
+            self._eval_interval = derive_eval_interval(self.total_steps, self.config.window, len(partition))
+        named = dict(self.model.named_modules())
+        self._output_handles = [
+            named[m.output_block].register_forward_hook(self._on_block_output(i))
+            for i, m in enumerate(partition.modules)
+        ]
+        self._controller = Controller(
+            partition,
+            self.config.reference_precision,
+            self.window,
+            self.config.tolerance_ratio,
+            refresh_every=self.config.reference_refresh,
+            threads=self.config.reference_threads,
+        )
+        logger.info(
+            "Egeria: %d layer modules %s, eval interval n=%d", len(partition), partition.names, self._eval_interval
+        )
+
+    def _hook_ids(self) -> list[int]:
+        handles = self._handles + self._output_handles
+        return [h.id for h in handles] + [lock._handle.id for lock in self._locks if lock._handle is not None]
+
+    # -- checkpointing -------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Egeria's state as a JSON-safe dict.
+
+        Together with the model's and optimizer's state it reproduces the same frozen
+        set and the same later decisions. It includes the reference model's snapshot
+        tensors that differ from the model's current weights (those of the watched module,
+        base64-encoded) and its int8 calibration, so it is larger than a few numbers.
+        """
+        partition = self._require_partition("Egeria.state_dict()")
+        return {
+            "format": _STATE_FORMAT,
+            "config": self.config.to_dict(),
+            "partition": partition.to_state(),
+            "eval_interval": self._eval_interval,
+            "stage": self.stage,
+            "steps": self.steps,
+            "window": self.window,
+            "frozen": self._frozen,
+            "lr_at_freeze": self._lr_at_freeze,
+            "freeze_step": self._freeze_step,
+            "bootstrap": self._bootstrap.state_dict(),
+            "losses": [float(v) for v in self._losses],
+            "events": list(self.events),
+            "controller": None if self._controller is None else self._controller.state_dict(self.model),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores :meth:`state_dict` output. Load the model's and optimizer's checkpoint
+        first: the frozen modules and the reference are rebuilt from the model's weights.
+
+        Raises:
+            ValueError: when the state does not fit this model or was made by another format.
+        """
+        self._check_open()
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"Egeria state format {state.get('format')!r} is not {_STATE_FORMAT}")
+        partition = Partition.from_state(self.model, state["partition"])
+        if self._partition is not None:
+            if partition.names != self._partition.names:
+                raise ValueError(f"saved layer modules {partition.names} differ from {self._partition.names}")
+            self._unfreeze_all()
+            for handle in self._output_handles:
+                handle.remove()
+        if self._trace is not None:
+            self._trace.remove()
+            self._trace = None
+        self._eval_interval = self.config.eval_interval or int(state["eval_interval"])
+        self._install_partition(partition)
+        self.stage = state["stage"]
+        self.steps = int(state["steps"])
+        self.window = int(state["window"])
+        self._bootstrap = BootstrapMonitor.from_state(state["bootstrap"])
+        self._losses = list(state["losses"])
+        self.events = list(state["events"])
+        for _ in range(int(state["frozen"])):
+            module = partition.modules[self._frozen]
+            freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+            named = dict(self.model.named_modules())
+            self._locks.extend(EvalLock(named[b]) for b in module.blocks)
+            self._frozen += 1
+        self._lr_at_freeze = state["lr_at_freeze"]
+        self._freeze_step = state["freeze_step"]
+        assert self._controller is not None
+        if state["controller"] is not None:
+            self._controller.load_state_dict(state["controller"], self.model, self._hook_ids())
+        n = self._eval_interval
+        self._armed = (self.steps + 1) % n == 0 and self._frozen < len(partition) - 1
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def close(self, *, unfreeze: bool = True) -> None:
+        """Removes every hook and drops the reference model.
+
+        Args:
+            unfreeze: make frozen modules trainable again (default), so the model trains
+                as plain PyTorch afterwards; False keeps them frozen.
+        """
+        if self._closed:
+            return
+        if unfreeze and self._partition is not None:
+            self._unfreeze_all()
+        for handle in self._handles + self._output_handles:
+            handle.remove()
+        self._handles, self._output_handles = [], []
+        if self._trace is not None:
+            self._trace.remove()
+            self._trace = None
+        if self._controller is not None:
+            self._controller.reference = None
+        self._captured_batch = self._captured_activation = None
+        self._closed = True
+
+    def __enter__(self) -> Egeria:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Egeria was closed; create a new one to keep freezing")
+
+    def _require_partition(self, what: str) -> Partition:
+        if self._partition is None:
+            raise RuntimeError(
+                f"{what} needs the layer modules, which Egeria learns from the model's first forward "
+                "pass: call it after a forward pass (or pass example_inputs= to Egeria)"
+            )
+        return self._partition
+
+
+def _check_optimizer(model: nn.Module, optimizer: Any) -> None:
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    model_ids = {id(p) for p in model.parameters()}
+    held = sum(1 for g in groups for p in g["params"] if id(p) in model_ids)
+    if held == 0:
+        raise ValueError(
+            f"the optimizer ({type(optimizer).__name__}) holds none of the model's parameters; "
+            "pass the optimizer that trains this model"
+        )
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(v) for v in value)
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value

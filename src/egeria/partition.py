@@ -1,0 +1,384 @@
+"""Splitting a model into ordered layer modules, the unit Egeria freezes (paper 4.2.1, 6.3).
+
+A *block* is a model part that is not split further: a residual block, a transformer
+layer, an embedding, a head. Blocks are found from the module tree (containers and
+modules that hold a stack of repeated blocks are opened up), put in *execution* order by
+tracing one forward pass, and grouped into *layer modules* of comparable parameter counts.
+Every parameter belongs to exactly one layer module; a parameter used by several modules
+(tied embeddings and output layer) belongs to the deepest of them, so it stays trainable as
+long as any of its users does. The last layer module, the head, is never frozen.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "LayerModule",
+    "Partition",
+    "find_blocks",
+    "chosen_modules",
+    "ExecutionTrace",
+    "build_partition",
+    "first_tensor",
+]
+
+logger = logging.getLogger(__name__)
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+# A module is merged into a neighbour when it holds fewer parameters than this share of
+# the median module, e.g. a ResNet stem convolution or a final LayerNorm.
+_SMALL_SHARE = 0.1
+
+
+@dataclass
+class LayerModule:
+    """One freezable unit: consecutive blocks and the parameters they own.
+
+    Attributes:
+        name: display name, the block's name or ``"first..last"`` for merged blocks.
+        blocks: names of the model's submodules in this unit, in execution order.
+        params: names (as in ``model.named_parameters()``) of the parameters it owns.
+        num_params: number of scalar parameters it owns.
+    """
+
+    name: str
+    blocks: list[str]
+    params: list[str] = field(default_factory=list)
+    num_params: int = 0
+
+    @property
+    def output_block(self) -> str:
+        """The block whose output is this module's activation."""
+        return self.blocks[-1]
+
+
+@dataclass
+class Partition:
+    """The ordered layer modules of a model; the last one is the head."""
+
+    modules: list[LayerModule]
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.modules]
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def to_state(self) -> list[dict]:
+        """JSON-safe description, enough to rebuild the partition without a forward pass."""
+        return [{"name": m.name, "blocks": list(m.blocks), "params": list(m.params)} for m in self.modules]
+
+    @classmethod
+    def from_state(cls, model: nn.Module, state: Sequence[dict]) -> Partition:
+        """Rebuilds a partition saved by :meth:`to_state`, checking it fits ``model``."""
+        named = dict(model.named_modules())
+        params = dict(model.named_parameters())
+        modules = []
+        for entry in state:
+            missing = [b for b in entry["blocks"] if b not in named]
+            missing += [p for p in entry["params"] if p not in params]
+            if missing:
+                raise ValueError(f"saved Egeria partition does not fit this model: no {missing[:5]!r}")
+            count = sum(params[p].numel() for p in entry["params"])
+            modules.append(LayerModule(entry["name"], list(entry["blocks"]), list(entry["params"]), count))
+        partition = cls(modules)
+        _check_coverage(model, partition)
+        return partition
+
+
+def find_blocks(model: nn.Module, spec: str | Sequence[str] | None = None) -> list[str]:
+    """Names of the model's blocks that hold parameters, in registration order.
+
+    Args:
+        model: the training model.
+        spec: ``None`` for automatic blocks; a regular expression or a list of module
+            names that the user wants as layer modules (see :class:`EgeriaConfig`).
+
+    Raises:
+        ValueError: a name that is not a submodule, a regex that matches nothing, or
+            chosen modules that nest inside each other; the message lists what exists.
+    """
+    chosen = chosen_modules(model, spec)
+    blocks: list[str] = []
+
+    def visit(prefix: str, module: nn.Module, is_root: bool) -> None:
+        if prefix in chosen:
+            blocks.append(prefix)
+            return
+        holds_chosen = any(c.startswith(prefix + ".") for c in chosen)
+        if is_root or holds_chosen or isinstance(module, _CONTAINERS) or _holds_stack(module):
+            for child_name, child in module.named_children():
+                visit(f"{prefix}.{child_name}" if prefix else child_name, child, False)
+        elif _num_params(module) > 0:
+            blocks.append(prefix)
+
+    visit("", model, True)
+    return blocks
+
+
+def chosen_modules(model: nn.Module, spec: str | Sequence[str] | None) -> set[str]:
+    """The module names the user's ``EgeriaConfig.modules`` picks (empty for automatic)."""
+    if spec is None:
+        return set()
+    named = {name: m for name, m in model.named_modules() if name}
+    available = [n for n, m in named.items() if _num_params(m) > 0]
+    if isinstance(spec, str):
+        pattern = re.compile(spec)
+        matched = [n for n in available if pattern.fullmatch(n)]
+        if not matched:
+            raise ValueError(
+                f"EgeriaConfig.modules={spec!r} matches no module; available names: {_shorten(available)}"
+            )
+        # Keep only the outermost matches: a match inside another match is part of it.
+        outer = [n for n in matched if not any(n.startswith(o + ".") for o in matched if o != n)]
+        return set(outer)
+    unknown = [n for n in spec if n not in named]
+    if unknown:
+        raise ValueError(
+            f"EgeriaConfig.modules names {unknown!r}, not submodules of the model; "
+            f"available names: {_shorten(available)}"
+        )
+    empty = [n for n in spec if _num_params(named[n]) == 0]
+    if empty:
+        raise ValueError(f"EgeriaConfig.modules names {empty!r}, which hold no parameters")
+    nested = [(a, b) for a in spec for b in spec if a != b and b.startswith(a + ".")]
+    if nested:
+        raise ValueError(f"EgeriaConfig.modules names modules inside each other: {nested[0]!r}")
+    return set(spec)
+
+
+def _shorten(names: list[str], limit: int = 40) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _num_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _holds_stack(module: nn.Module) -> bool:
+    """Whether some container under ``module`` holds two or more blocks of one class."""
+    for sub in module.modules():
+        if not isinstance(sub, _CONTAINERS):
+            continue
+        kinds = [type(c) for c in sub.children() if any(True for _ in c.children())]
+        if any(kinds.count(k) >= 2 for k in set(kinds)):
+            return True
+    return False
+
+
+class ExecutionTrace:
+    """Records the order in which blocks first run during one forward pass.
+
+    Args:
+        model: the model whose blocks are watched.
+        blocks: names of the blocks to watch.
+    """
+
+    def __init__(self, model: nn.Module, blocks: Sequence[str]) -> None:
+        self.order: list[str] = []
+        named = dict(model.named_modules())
+        self._handles = [named[b].register_forward_pre_hook(self._seen(b)) for b in blocks]
+
+    def _seen(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            if name not in self.order:
+                self.order.append(name)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def build_partition(
+    model: nn.Module,
+    blocks: Sequence[str],
+    executed: Sequence[str],
+    *,
+    max_modules: int,
+    user_chosen: Iterable[str] = (),
+) -> Partition:
+    """Groups blocks into ordered layer modules.
+
+    Args:
+        model: the training model.
+        blocks: every block (see :func:`find_blocks`).
+        executed: the blocks in the order they ran in one forward pass; blocks that did
+            not run go into the head, which is never frozen.
+        max_modules: at most this many automatic modules.
+        user_chosen: modules named by the user; each starts its own layer module, other
+            blocks join the chosen module before them (or the first one), and blocks after
+            the last chosen module form the head.
+
+    Returns:
+        The partition; every parameter of ``model`` is owned by exactly one module.
+    """
+    ordered = [b for b in executed if b in set(blocks)]
+    not_run = [b for b in blocks if b not in set(ordered)]
+    if not_run:
+        logger.info("blocks not run in the traced forward pass join the head: %s", not_run)
+    chosen = set(user_chosen)
+    owner = _param_owners(model, ordered + not_run)
+    counts = {b: 0 for b in ordered + not_run}
+    names = _canonical_param_names(model)
+    for pid, block in owner.items():
+        counts[block] += names[pid][1]
+
+    if chosen:
+        groups = _group_by_choice(ordered, chosen)
+    else:
+        groups = _group_by_size([b for b in ordered if counts[b] > 0], counts, max_modules)
+        # Blocks whose parameters all belong to deeper modules run inside the module they sit in.
+        groups = _reattach_empty(ordered, groups)
+    if not_run:
+        groups[-1].extend(not_run)
+    if len(groups) < 2:
+        raise ValueError(
+            f"the model has a single layer module ({[b for g in groups for b in g]!r}); "
+            "the head is never frozen, so Egeria has nothing to freeze"
+        )
+    return _assemble(model, groups, owner, names)
+
+
+def _param_owners(model: nn.Module, blocks_in_order: Sequence[str]) -> dict[int, str]:
+    """Maps each parameter (by id) to the deepest block using it; loose parameters owned
+    by opened-up modules go to the first block that runs under that module."""
+    named = dict(model.named_modules())
+    owner: dict[int, str] = {}
+    for block in blocks_in_order:
+        for p in named[block].parameters():
+            owner[id(p)] = block  # later (deeper) users overwrite earlier ones
+    for mod_name, module in named.items():
+        for p in module.parameters(recurse=False):
+            if id(p) in owner:
+                continue
+            under = [b for b in blocks_in_order if not mod_name or b.startswith(mod_name + ".")]
+            owner[id(p)] = under[0] if under else blocks_in_order[-1]
+    return owner
+
+
+def _canonical_param_names(model: nn.Module) -> dict[int, tuple[str, int]]:
+    return {id(p): (name, p.numel()) for name, p in model.named_parameters()}
+
+
+def _group_by_size(blocks: list[str], counts: dict[str, int], max_modules: int) -> list[list[str]]:
+    """Merges the smallest group into its smaller neighbour until no group is tiny next to
+    the median and at most ``max_modules`` remain."""
+    groups = [[b] for b in blocks]
+
+    def size(g: list[str]) -> int:
+        return sum(counts[b] for b in g)
+
+    while len(groups) > 1:
+        sizes = [size(g) for g in groups]
+        median = statistics.median(sizes)
+        smallest = min(range(len(groups)), key=lambda i: (sizes[i], i))
+        if len(groups) <= max_modules and sizes[smallest] >= _SMALL_SHARE * median:
+            break
+        if smallest == 0:
+            other = 1
+        elif smallest == len(groups) - 1:
+            other = smallest - 1
+        else:
+            other = smallest - 1 if sizes[smallest - 1] <= sizes[smallest + 1] else smallest + 1
+        lo, hi = sorted((smallest, other))
+        groups[lo:hi + 1] = [groups[lo] + groups[hi]]
+    return groups
+
+
+def _reattach_empty(ordered: list[str], groups: list[list[str]]) -> list[list[str]]:
+    """Puts blocks that own no parameters back into the group they run in."""
+    placed = {b for g in groups for b in g}
+    result = [list(g) for g in groups]
+    index_of = {b: i for i, g in enumerate(result) for b in g}
+    current = 0
+    for block in ordered:
+        if block in placed:
+            current = index_of[block]
+        else:
+            result[current].append(block)
+    # Keep each group's blocks in execution order.
+    position = {b: i for i, b in enumerate(ordered)}
+    return [sorted(g, key=lambda b: position[b]) for g in result]
+
+
+def _group_by_choice(ordered: list[str], chosen: set[str]) -> list[list[str]]:
+    groups: list[list[str]] = []
+    leading: list[str] = []
+    trailing: list[str] = []
+    for block in ordered:
+        if block in chosen:
+            groups.append(leading + [block])
+            leading = []
+            trailing = []
+        elif groups:
+            trailing.append(block)
+        else:
+            leading.append(block)
+    if not groups:
+        return [leading]
+    if trailing:
+        groups.append(trailing)  # blocks after the last chosen module form the head
+    return groups
+
+
+def _assemble(
+    model: nn.Module,
+    groups: list[list[str]],
+    owner: dict[int, str],
+    names: dict[int, tuple[str, int]],
+) -> Partition:
+    group_of = {b: i for i, g in enumerate(groups) for b in g}
+    modules = [LayerModule(_group_name(g), list(g)) for g in groups]
+    for pid, block in owner.items():
+        if pid not in names:
+            continue
+        name, count = names[pid]
+        module = modules[group_of[block]]
+        module.params.append(name)
+        module.num_params += count
+    partition = Partition(modules)
+    _check_coverage(model, partition)
+    return partition
+
+
+def _group_name(blocks: list[str]) -> str:
+    return blocks[0] if len(blocks) == 1 else f"{blocks[0]}..{blocks[-1]}"
+
+
+def _check_coverage(model: nn.Module, partition: Partition) -> None:
+    seen: dict[str, str] = {}
+    for module in partition.modules:
+        for p in module.params:
+            if p in seen:
+                raise AssertionError(f"parameter {p} is in both {seen[p]} and {module.name}")
+            seen[p] = module.name
+    missing = [n for n, _ in model.named_parameters() if n not in seen]
+    if missing:
+        raise AssertionError(f"parameters in no layer module: {missing[:5]}")
+
+
+def first_tensor(output: object) -> torch.Tensor | None:
+    """The activation of a block: its output tensor, or the first tensor it returns."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        for item in output:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,103 @@
+"""The freezing rule: when a module's plasticity has become stationary (paper 4.2.2, Algorithm 1).
+
+Each reading of a module's plasticity is smoothed by a moving average over the last W
+readings (Equation 2); a straight line is fitted by least squares to the last W smoothed
+values; the module is *stale* at a reading whose slope magnitude is within its tolerance
+T, and it freezes at the W-th consecutive stale reading. T is set per module once its
+first three slopes are known: ``tolerance_ratio`` x the largest of their magnitudes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Reading", "ModuleWatch", "least_squares_slope"]
+
+# Slopes this small next to the plasticity itself are rounding noise of the moving
+# average, not movement: they count as flat even when the tolerance is 0.
+_RELATIVE_FLAT = 1e-9
+_TOLERANCE_READINGS = 3
+
+
+def least_squares_slope(values: list[float]) -> float:
+    """Slope of the least-squares line through ``values`` at x = 0, 1, 2, ...; 0 for fewer
+    than two values."""
+    count = len(values)
+    if count < 2:
+        return 0.0
+    x_mean = (count - 1) / 2
+    y_mean = math.fsum(values) / count
+    num = math.fsum((i - x_mean) * (v - y_mean) for i, v in enumerate(values))
+    den = math.fsum((i - x_mean) ** 2 for i in range(count))
+    return num / den
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the rule made of one plasticity value."""
+
+    plasticity: float
+    smoothed: float
+    slope: float | None  # None until two smoothed values exist
+    tolerance: float | None  # None until the module's first three slopes are known
+    stale: int  # consecutive readings with |slope| <= tolerance, this one included
+    freeze: bool  # the module should freeze now
+
+
+@dataclass
+class ModuleWatch:
+    """Running state of the freezing rule for the module being watched.
+
+    Args:
+        window: W, the moving-average length, slope-fit length and stale count to freeze.
+        tolerance_ratio: T as a share of the largest of the first three slope magnitudes.
+    """
+
+    window: int
+    tolerance_ratio: float
+    raw: list[float] = field(default_factory=list)
+    smoothed: list[float] = field(default_factory=list)
+    first_slopes: list[float] = field(default_factory=list)
+    tolerance: float | None = None
+    stale: int = 0
+    readings: int = 0
+
+    def update(self, plasticity: float) -> Reading:
+        """Adds one plasticity value and says whether the module should freeze.
+
+        Raises:
+            ValueError: for a value that is not a finite number.
+        """
+        if not math.isfinite(plasticity):
+            raise ValueError(f"plasticity reading {plasticity!r} is not finite")
+        self.readings += 1
+        self.raw = (self.raw + [float(plasticity)])[-self.window:]
+        smoothed = math.fsum(self.raw) / len(self.raw)
+        self.smoothed = (self.smoothed + [smoothed])[-self.window:]
+        slope = least_squares_slope(self.smoothed) if len(self.smoothed) >= 2 else None
+        if slope is not None and self.tolerance is None:
+            self.first_slopes.append(slope)
+            if len(self.first_slopes) == _TOLERANCE_READINGS:
+                self.tolerance = self.tolerance_ratio * max(abs(s) for s in self.first_slopes)
+        if slope is not None and self.tolerance is not None:
+            flat_floor = _RELATIVE_FLAT * max(abs(v) for v in self.smoothed)
+            self.stale = self.stale + 1 if abs(slope) <= max(self.tolerance, flat_floor) else 0
+        freeze = self.stale >= self.window
+        return Reading(float(plasticity), smoothed, slope, self.tolerance, self.stale, freeze)
+
+    def state_dict(self) -> dict:
+        return {
+            "window": self.window,
+            "tolerance_ratio": self.tolerance_ratio,
+            "raw": list(self.raw),
+            "smoothed": list(self.smoothed),
+            "first_slopes": list(self.first_slopes),
+            "tolerance": self.tolerance,
+            "stale": self.stale,
+            "readings": self.readings,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> ModuleWatch:
+        return cls(**state)

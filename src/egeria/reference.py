@@ -1,0 +1,347 @@
+"""The reference model: a cheap low-precision snapshot of the training model (paper 4.1.3, 5).
+
+The reference is a CPU copy of the training model whose blocks, up to the module being
+watched, are swapped for low-precision versions while it runs. It runs only as far as
+the watched module's output and is stopped there.
+
+When it is refreshed. Egeria refreshes it from the training model every
+``reference_refresh`` evaluations (default: after every reading) and whenever a module
+freezes. A plasticity reading then measures how far the watched module moved since the
+previous reading, plus the fixed quantization error. A reference kept for longer makes
+each reading grow with the reference's age and fall back at its refresh, a saw-tooth the
+slope test would read as movement; the paper saw the same effect ("a stale reference
+model can amplify the inherent fluctuations"). Blocks of frozen modules no longer change,
+so they are converted once and reused; a refresh converts only the active module's blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .partition import Partition, first_tensor
+from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
+from .serialization import decode_tensor, encode_tensor
+
+__all__ = ["ReferenceModel", "Batch"]
+
+logger = logging.getLogger(__name__)
+
+#: A model's call arguments, ``(args, kwargs)``, on the CPU.
+Batch = tuple[tuple, dict]
+
+
+class _Stop(Exception):
+    """Carries a block's output out of a reference forward pass that can end there."""
+
+    def __init__(self, output: Any) -> None:
+        super().__init__()
+        self.output = output
+
+
+class ReferenceModel:
+    """A CPU snapshot of the training model in ``precision``, refreshed block by block.
+
+    Args:
+        model: the training model (any device); it is copied, never modified.
+        partition: its layer modules.
+        precision: ``"int8"``, ``"bf16"`` or ``"fp32"``.
+        threads: torch threads for the reference's work (None: leave torch's setting).
+        skip_hooks: ids of forward hooks (of Egeria's own) not to copy into the snapshot.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        partition: Partition,
+        precision: str,
+        *,
+        threads: int | None = 1,
+        skip_hooks: Sequence[int] = (),
+    ) -> None:
+        reason = int8_unavailable() if precision == "int8" else None
+        if reason:
+            logger.warning("int8 reference unavailable (%s); using fp32", reason)
+            precision = "fp32"
+        self.precision = precision
+        self.threads = threads
+        self._partition = partition
+        self._float = _cpu_snapshot(model, set(skip_hooks))
+        self._blocks = [b for m in partition.modules for b in m.blocks]
+        self._loose = _loose_state_names(model, self._blocks)
+        self._built: dict[str, nn.Module] = {}
+        self._observers: dict[str, dict[str, list[float]]] = {}
+        self._input_specs: dict[str, list[list]] = {}
+        self.kinds: dict[str, str] = {}
+        self._final: set[int] = set()
+        self.upto = -1
+
+    # -- refresh -----------------------------------------------------------------
+
+    @torch.no_grad()
+    def refresh(self, model: nn.Module, frozen_count: int, upto: int, calibration: Batch) -> None:
+        """Takes the training model's current weights for modules ``0..upto``.
+
+        Args:
+            model: the training model.
+            frozen_count: how many leading modules are frozen now.
+            upto: index of the deepest module the reference must run (the watched one).
+            calibration: one real batch, used to calibrate static int8 blocks.
+        """
+        targets = [j for j in range(upto + 1) if j not in self._final]
+        target_blocks = [b for j in targets for b in self._partition.modules[j].blocks]
+        self._copy_from(model, target_blocks)
+        for block in target_blocks:
+            self._built.pop(block, None)
+        inputs = self._block_inputs(calibration, target_blocks) if self.precision == "int8" else {}
+        with self._threads():
+            for block in target_blocks:
+                self._build(block, inputs.get(block))
+        self._final.update(j for j in targets if j < frozen_count)
+        self.upto = max(self.upto, upto)
+
+    def _build(self, name: str, call: Batch | None, observers: dict[str, list[float]] | None = None) -> None:
+        block = self._float.get_submodule(name)
+        if self.precision == "fp32":
+            self.kinds[name] = "fp32"
+            return
+        if self.precision == "bf16":
+            self._built[name] = CastBlock(block, torch.bfloat16)
+            self.kinds[name] = "bf16"
+            return
+        kind, reason = "fp32", "it has no convolution or Linear layer"
+        if has_layers(block, CONV_TYPES):
+            try:
+                self._built[name] = self._static_int8(name, block, call, observers)
+                kind = "int8-static"
+            except Exception as err:  # FX cannot trace every block; fall back, never fail
+                reason = f"static quantization failed: {type(err).__name__}: {err}"
+        if kind == "fp32" and has_layers(block, (nn.Linear,)):
+            self._built[name] = dynamic_int8(block)
+            kind = "int8-dynamic"
+        if self.kinds.get(name) != kind:
+            if kind == "fp32":
+                logger.info("reference block %s runs in fp32: %s", name, reason)
+            else:
+                logger.debug("reference block %s runs as %s", name, kind)
+        self.kinds[name] = kind
+
+    def _static_int8(
+        self, name: str, block: nn.Module, call: Batch | None, observers: dict[str, list[float]] | None
+    ) -> nn.Module:
+        if observers is None:
+            if call is None:
+                raise RuntimeError("the block did not run on the calibration batch")
+            args, kwargs = call
+            if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+                raise TypeError("it takes keyword or non-tensor arguments")
+            self._input_specs[name] = [[list(a.shape), str(a.dtype).removeprefix("torch.")] for a in args]
+            quantizer = StaticInt8(block, args)
+            quantizer.calibrate(args)
+            self._observers[name] = quantizer.observer_state()
+        else:
+            example = tuple(
+                torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in self._input_specs[name]
+            )
+            quantizer = StaticInt8(block, example)
+            quantizer.load_observer_state(observers)
+            self._observers[name] = observers
+        return quantizer.convert()
+
+    def _copy_from(self, model: nn.Module, blocks: Sequence[str]) -> None:
+        for name in blocks:
+            self._float.get_submodule(name).load_state_dict(model.get_submodule(name).state_dict())
+        if self._loose:
+            live = model.state_dict()
+            own = self._float.state_dict()
+            for key in self._loose:
+                own[key].copy_(live[key])
+
+    def _block_inputs(self, batch: Batch, blocks: Sequence[str]) -> dict[str, Batch]:
+        """Each block's call arguments when the reference runs ``batch``."""
+        seen: dict[str, Batch] = {}
+        handles = []
+        for name in blocks:
+            def grab(module: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
+                seen.setdefault(name, (_detach(args), _detach(kwargs)))
+
+            handles.append(self._float.get_submodule(name).register_forward_pre_hook(grab, with_kwargs=True))
+        try:
+            self._run_until(batch, blocks[-1] if blocks else None)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return seen
+
+    # -- running -----------------------------------------------------------------
+
+    @torch.no_grad()
+    def activation(self, batch: Batch, module_index: int) -> torch.Tensor:
+        """The reference's fp32 activation at the output of layer module ``module_index``.
+
+        Raises:
+            RuntimeError: when the reference was not refreshed as far as that module, or
+                the module's output block did not run.
+        """
+        if module_index > self.upto:
+            raise RuntimeError(f"reference built up to module {self.upto}, asked for {module_index}")
+        block = self._partition.modules[module_index].output_block
+        output = self._run_until(batch, block)
+        tensor = first_tensor(output)
+        if tensor is None:
+            raise RuntimeError(f"block {block} returned no tensor")
+        return tensor.float()
+
+    def _run_until(self, batch: Batch, block: str | None) -> Any:
+        args, kwargs = batch
+        with self._threads(), self._swapped():
+            handle = None
+            if block is not None:
+                def stop(module: nn.Module, inputs: tuple, output: Any) -> None:
+                    raise _Stop(output)
+
+                handle = self._float.get_submodule(block).register_forward_hook(stop)
+            try:
+                self._float(*args, **kwargs)
+            except _Stop as stopped:
+                return stopped.output
+            finally:
+                if handle is not None:
+                    handle.remove()
+        if block is not None:
+            raise RuntimeError(f"block {block} did not run in the reference forward pass")
+        return None
+
+    @contextlib.contextmanager
+    def _swapped(self) -> Iterator[None]:
+        originals = {name: self._float.get_submodule(name) for name in self._built}
+        for name, module in self._built.items():
+            _set_submodule(self._float, name, module)
+        try:
+            yield
+        finally:
+            for name, module in originals.items():
+                _set_submodule(self._float, name, module)
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        if self.threads is None:
+            yield
+            return
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
+    # -- checkpointing -----------------------------------------------------------
+
+    def state_dict(self, model: nn.Module) -> dict:
+        """JSON-safe state: the snapshot's tensors that differ from ``model`` now, and the
+        int8 calibration, enough to rebuild this exact reference from ``model`` later."""
+        live = model.state_dict()
+        upto_blocks = [b for j in range(self.upto + 1) for b in self._partition.modules[j].blocks]
+        keys = [k for k in self._float.state_dict() if _under(k, upto_blocks) or k in self._loose]
+        own = self._float.state_dict()
+        changed = {k: encode_tensor(own[k]) for k in keys if not torch.equal(own[k], live[k].detach().cpu())}
+        return {
+            "precision": self.precision,
+            "upto": self.upto,
+            "final": sorted(self._final),
+            "tensors": changed,
+            "observers": {b: dict(v) for b, v in self._observers.items() if b in upto_blocks},
+            "input_specs": {b: v for b, v in self._input_specs.items() if b in upto_blocks},
+            "kinds": {b: k for b, k in self.kinds.items() if b in upto_blocks},
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict, model: nn.Module) -> None:
+        """Rebuilds the reference saved by :meth:`state_dict` on top of ``model``'s weights."""
+        if state["precision"] != self.precision:
+            raise ValueError(
+                f"saved reference precision {state['precision']!r} differs from {self.precision!r}"
+            )
+        self._float.load_state_dict(model.state_dict())
+        own = self._float.state_dict()
+        for key, entry in state["tensors"].items():
+            if key not in own:
+                raise ValueError(f"saved reference tensor {key!r} is not in this model")
+            own[key].copy_(decode_tensor(entry))
+        self._built.clear()
+        self._input_specs = {b: v for b, v in state["input_specs"].items()}
+        self.upto = int(state["upto"])
+        blocks = [b for j in range(self.upto + 1) for b in self._partition.modules[j].blocks]
+        kinds = state["kinds"]
+        with self._threads():
+            for block in blocks:
+                self._rebuild(block, kinds.get(block, "fp32"), state["observers"].get(block))
+        self._final = set(state["final"])
+
+    def _rebuild(self, name: str, kind: str, observers: dict[str, list[float]] | None) -> None:
+        block = self._float.get_submodule(name)
+        if kind == "int8-static":
+            self._built[name] = self._static_int8(name, block, None, observers or {})
+        elif kind == "int8-dynamic":
+            self._built[name] = dynamic_int8(block)
+        elif kind == "bf16":
+            self._built[name] = CastBlock(block, torch.bfloat16)
+        elif kind != "fp32":
+            raise ValueError(f"unknown reference block kind {kind!r} in saved state")
+        self.kinds[name] = kind
+
+
+def _cpu_snapshot(model: nn.Module, skip_hooks: set[int]) -> nn.Module:
+    """An fp32 eval-mode CPU copy of ``model`` without the hooks in ``skip_hooks``."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for attr in _HOOK_DICTS:
+            hooks = getattr(module, attr, None)
+            if hooks:
+                memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if k not in skip_hooks)
+    snapshot = copy.deepcopy(model, memo).to("cpu").float().eval()
+    for p in snapshot.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return snapshot
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+
+
+def _loose_state_names(model: nn.Module, blocks: Sequence[str]) -> list[str]:
+    """State entries (parameters, buffers) that belong to no block."""
+    return [k for k in model.state_dict() if not _under(k, blocks)]
+
+
+def _under(key: str, blocks: Sequence[str]) -> bool:
+    return any(key.startswith(b + ".") for b in blocks)
+
+
+def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, leaf, module)
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple):
+        return tuple(_detach(v) for v in value)
+    if isinstance(value, list):
+        return [_detach(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value
