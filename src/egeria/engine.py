@@ -104,9 +104,10 @@ class Egeria:
             )
 
         self._blocks = find_blocks(model, self.config.modules)
-        if len(self._blocks) < 2:
+        weighted = [b for b in self._blocks if any(True for _ in model.get_submodule(b).parameters())]
+        if len(weighted) < 2:
             raise ValueError(
-                f"the model has a single layer module ({self._blocks!r}); the head is never frozen, "
+                f"the model has a single layer module ({weighted!r}); the head is never frozen, "
                 "so Egeria has nothing to freeze"
             )
         self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}

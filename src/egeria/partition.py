@@ -96,7 +96,10 @@ class Partition:
 
 
 def find_blocks(model: nn.Module, spec: str | Sequence[str] | None = None) -> list[str]:
-    """Names of the model's blocks that hold parameters, in registration order.
+    """Names of the model's blocks, in registration order.
+
+    Parameter-free blocks (dropout, pooling, activations) are listed too: they join the
+    layer module they run in, so freezing that module also fixes their train/eval mode.
 
     Args:
         model: the training model.
@@ -118,8 +121,8 @@ def find_blocks(model: nn.Module, spec: str | Sequence[str] | None = None) -> li
         if is_root or holds_chosen or isinstance(module, _CONTAINERS) or _holds_stack(module):
             for child_name, child in module.named_children():
                 visit(f"{prefix}.{child_name}" if prefix else child_name, child, False)
-        elif _num_params(module) > 0:
-            blocks.append(prefix)
+        else:
+            blocks.append(prefix)  # parameter-free blocks (dropout, pooling) run inside a module
 
     visit("", model, True)
     return blocks
@@ -249,7 +252,8 @@ def build_partition(
             f"the model has a single layer module ({[b for g in groups for b in g]!r}); "
             "the head is never frozen, so Egeria has nothing to freeze"
         )
-    return _assemble(model, groups, owner, names)
+    labels = [next((b for b in g if b in chosen), None) or _group_name(g) for g in groups]
+    return _assemble(model, groups, labels, owner, names)
 
 
 def _param_owners(model: nn.Module, blocks_in_order: Sequence[str]) -> dict[int, str]:
@@ -316,32 +320,33 @@ def _reattach_empty(ordered: list[str], groups: list[list[str]]) -> list[list[st
 
 def _group_by_choice(ordered: list[str], chosen: set[str]) -> list[list[str]]:
     groups: list[list[str]] = []
-    leading: list[str] = []
-    trailing: list[str] = []
+    pending: list[str] = []  # unchosen blocks since the last chosen one
     for block in ordered:
-        if block in chosen:
-            groups.append(leading + [block])
-            leading = []
-            trailing = []
-        elif groups:
-            trailing.append(block)
+        if block not in chosen:
+            pending.append(block)
+        elif not groups:
+            groups.append(pending + [block])  # leading blocks join the first chosen module
+            pending = []
         else:
-            leading.append(block)
+            groups[-1].extend(pending)  # blocks between chosen modules join the one before
+            groups.append([block])
+            pending = []
     if not groups:
-        return [leading]
-    if trailing:
-        groups.append(trailing)  # blocks after the last chosen module form the head
+        return [pending]
+    if pending:
+        groups.append(pending)  # blocks after the last chosen module form the head
     return groups
 
 
 def _assemble(
     model: nn.Module,
     groups: list[list[str]],
+    labels: list[str],
     owner: dict[int, str],
     names: dict[int, tuple[str, int]],
 ) -> Partition:
     group_of = {b: i for i, g in enumerate(groups) for b in g}
-    modules = [LayerModule(_group_name(g), list(g)) for g in groups]
+    modules = [LayerModule(label, list(g)) for label, g in zip(labels, groups)]
     for pid, block in owner.items():
         if pid not in names:
             continue

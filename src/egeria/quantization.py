@@ -106,21 +106,21 @@ class StaticInt8:
         with _quiet(), _engine():
             self._prepared(*args)
 
-    def observer_state(self) -> dict[str, list[float]]:
-        """The calibrated activation ranges, JSON-safe."""
+    def observer_state(self) -> dict[str, Any]:
+        """The calibrated ranges (nested lists of the observers' shapes), JSON-safe."""
         return {
-            key: value.flatten().tolist()
+            key: value.tolist()
             for key, value in self._prepared.state_dict().items()
             if "activation_post_process" in key and key.rsplit(".", 1)[-1] in ("min_val", "max_val")
         }
 
-    def load_observer_state(self, state: dict[str, list[float]]) -> None:
+    def load_observer_state(self, state: dict[str, Any]) -> None:
         """Restores ranges saved by :meth:`observer_state` instead of calibrating."""
         current = self._prepared.state_dict()
         missing = [k for k in state if k not in current]
         if missing:
             raise ValueError(f"saved int8 calibration does not fit this block: no {missing[:3]!r}")
-        loaded = {k: torch.tensor(v, dtype=current[k].dtype).reshape(current[k].shape) for k, v in state.items()}
+        loaded = {k: torch.tensor(v, dtype=current[k].dtype) for k, v in state.items()}
         self._prepared.load_state_dict(loaded, strict=False)
 
     def convert(self) -> nn.Module:

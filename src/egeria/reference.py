@@ -95,7 +95,8 @@ class ReferenceModel:
         """
         targets = [j for j in range(upto + 1) if j not in self._final]
         target_blocks = [b for j in targets for b in self._partition.modules[j].blocks]
-        self._copy_from(model, target_blocks)
+        with self._threads():
+            self._copy_from(model, target_blocks)
         for block in target_blocks:
             self._built.pop(block, None)
         inputs = self._block_inputs(calibration, target_blocks) if self.precision == "int8" else {}
@@ -125,7 +126,7 @@ class ReferenceModel:
             self._built[name] = dynamic_int8(block)
             kind = "int8-dynamic"
         if self.kinds.get(name) != kind:
-            if kind == "fp32":
+            if kind == "fp32" and any(True for _ in block.parameters()):
                 logger.info("reference block %s runs in fp32: %s", name, reason)
             else:
                 logger.debug("reference block %s runs as %s", name, kind)

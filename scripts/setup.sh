@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian-like machine: data packages, a virtualenv, the package.
+# Idempotent: a second run only checks. Uses sudo for apt when not root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+if [ ! -f "$fmnist" ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+# torch first and pinned: a CPU build; an unpinned torch would pull several GB of CUDA wheels.
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  .venv/bin/pip install -q torch==2.13.0
+fi
+.venv/bin/pip install -q -e ".[test]"

@@ -1,0 +1,462 @@
+"""A side-by-side demo: ResNet-20 on a Fashion-MNIST subset, plain PyTorch vs. Egeria.
+
+Both runs start from the same initial weights and see the same batches in the same order;
+the only difference is that the second one calls :meth:`egeria.Egeria.step` after each
+optimizer step. The two runs are bit-identical until Egeria's first freeze, which the
+demo checks and reports. It prints the machine and a table (training wall time, final
+test accuracy, time-to-target speedup, when each layer module froze and unfroze), and
+writes ``demo.png`` (frozen share of parameters over steps; accuracy vs. wall time) and
+``demo.json`` (every recorded number) into ``out_dir``.
+
+Training time is measured around the training steps only (forward, backward, optimizer,
+scheduler and, in the Egeria run, ``eg.step``); the per-epoch test evaluation is excluded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from .config import EgeriaConfig
+from .engine import Egeria
+
+__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "demo_eval_interval", "format_report"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Sizes and hyperparameters of one demo run."""
+
+    # Training images (the first ``train_limit`` of Fashion-MNIST's training split).
+    train_limit: int = 12_800
+    # Test images used for the per-epoch accuracy (the first ones of the test split).
+    test_limit: int = 2_000
+    # Passes over the training subset.
+    epochs: int = 6
+    batch_size: int = 128
+    # SGD with momentum 0.9 and weight decay 5e-4, learning rate ``lr`` ...
+    lr: float = 0.1
+    # ... dropped 10x once, after this share of the training steps (rounded to an epoch
+    # boundary), so that Egeria's unfreeze-on-LR-drop path runs within the demo.
+    lr_drop_at: float = 0.8
+    # Egeria's W; n (eval_interval) is derived from the total steps by demo_eval_interval.
+    window: int = 5
+
+
+#: The full demo: about 3 minutes per run on two CPU cores.
+FULL = DemoSettings()
+#: A smoke-test run of a few seconds of training.
+QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2, window=2)
+
+# The earliest possible first freeze is about 11 n steps in (two bootstrap intervals, one
+# evaluation to build the reference, three readings to set the tolerance, W stale ones);
+# n = total / 60 lets the first freeze come after about a fifth of training when the loss
+# settles early, leaving room for later modules and a refreeze after the LR drop.
+_STEPS_PER_INTERVAL_DIVISOR = 60
+
+
+def demo_eval_interval(total_steps: int) -> int:
+    """Egeria's n for a demo of ``total_steps`` steps: ``total_steps // 60``, at least 2."""
+    return max(2, total_steps // _STEPS_PER_INTERVAL_DIVISOR)
+
+
+def run_demo(
+    out_dir: str | Path = "egeria-demo",
+    seed: int = 0,
+    train_limit: int = FULL.train_limit,
+    epochs: int = FULL.epochs,
+    progress: bool = True,
+    *,
+    settings: DemoSettings | None = None,
+    data_root: str | Path | None = None,
+    command: str | None = None,
+    stream: TextIO | None = sys.stdout,
+) -> dict:
+    """Trains ResNet-20 twice (plain, then with Egeria) and reports both side by side.
+
+    Args:
+        out_dir: where ``demo.png`` and ``demo.json`` are written (created if missing).
+        seed: seeds the initial weights and the batch order of both runs.
+        train_limit: training images used; overrides ``settings.train_limit``.
+        epochs: passes over them; overrides ``settings.epochs``.
+        progress: show a tqdm progress bar per run (on stderr).
+        settings: the other sizes and hyperparameters; :data:`FULL` when None.
+        data_root: directory of the Fashion-MNIST IDX files; the loader's default when None.
+        command: the command line printed at the top; a Python call when None.
+        stream: where the machine line and the table are printed; None prints nothing.
+
+    Returns:
+        The JSON-safe dict also written to ``demo.json``: settings, machine, Egeria's
+        config, both runs' per-epoch accuracy and training time, per-step losses and
+        times, Egeria's events and plasticity history, and the summary numbers.
+    """
+    base = settings if settings is not None else FULL
+    s = DemoSettings(**{**asdict(base), "train_limit": train_limit, "epochs": epochs})
+    _check_settings(s)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if command is None:
+        command = f"python -c 'import egeria.demo as d; d.run_demo(out_dir={str(out)!r}, seed={seed})'"
+    machine = _machine()
+    _echo(stream, f"command: {command}")
+    _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+
+    from .data import load_fashion_mnist
+
+    data_kw = {} if data_root is None else {"root": data_root}
+    train = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
+    test = load_fashion_mnist(split="test", limit=s.test_limit, **data_kw).tensors
+    steps_per_epoch = math.ceil(len(train[1]) / s.batch_size)
+    total_steps = steps_per_epoch * s.epochs
+    drop_epoch = min(max(1, round(s.lr_drop_at * s.epochs)), max(1, s.epochs - 1))
+    milestone = drop_epoch * steps_per_epoch
+    config = EgeriaConfig(eval_interval=demo_eval_interval(total_steps), window=s.window)
+    _echo(
+        stream,
+        f"ResNet-20 on {len(train[1])} Fashion-MNIST training images ({steps_per_epoch} steps/epoch x "
+        f"{s.epochs} epochs = {total_steps} steps, batch {s.batch_size}), accuracy on {len(test[1])} test images; "
+        f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at step {milestone} (epoch {drop_epoch}); "
+        f"Egeria eval_interval={config.eval_interval} window={config.window}",
+    )
+
+    from .models import resnet
+
+    torch.manual_seed(seed)
+    initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
+    runs: dict[str, dict] = {}
+    extras: dict[str, Any] = {}
+    for name in ("plain", "egeria"):
+        runs[name], extra = _train(
+            name, initial, train, test, s, seed, milestone, config if name == "egeria" else None, total_steps, progress
+        )
+        extras[name] = extra
+
+    egeria_extra = extras["egeria"]
+    runs["egeria"].update(egeria_extra)
+    runs["egeria"]["frozen_share"] = _frozen_share_timeline(
+        egeria_extra["events"], egeria_extra["module_params"], egeria_extra["modules"], total_steps
+    )
+    summary = _summary(runs, steps_per_epoch)
+    result = {
+        "command": command,
+        "machine": machine,
+        "seed": seed,
+        "settings": asdict(s),
+        "steps_per_epoch": steps_per_epoch,
+        "total_steps": total_steps,
+        "lr_drop_step": milestone,
+        "egeria_config": config.to_dict(),
+        "runs": runs,
+        "summary": summary,
+        "files": {"png": str(out / "demo.png"), "json": str(out / "demo.json")},
+    }
+    _plot(result, out / "demo.png")
+    (out / "demo.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    _echo(stream, format_report(result))
+    return result
+
+
+def _train(
+    name: str,
+    initial: dict[str, torch.Tensor],
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    s: DemoSettings,
+    seed: int,
+    milestone: int,
+    config: EgeriaConfig | None,
+    total_steps: int,
+    progress: bool,
+) -> tuple[dict, dict]:
+    """One run; the Egeria one when ``config`` is given. Returns (run record, Egeria extras)."""
+    from tqdm.auto import tqdm
+
+    from .models import resnet
+
+    model = resnet(depth=20, in_channels=1, num_classes=10)
+    model.load_state_dict(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=0.9, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[milestone], gamma=0.1)
+    eg = None
+    if config is not None:
+        eg = Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=total_steps)
+    loss_fn = nn.CrossEntropyLoss()
+    order = torch.Generator().manual_seed(seed)
+    x_all, y_all = train
+    losses: list[float] = []
+    step_times: list[float] = []
+    epochs: list[dict] = []
+    train_time = 0.0
+    step = 0
+    bar = tqdm(total=total_steps, desc=f"{name:>6}", unit="step", disable=not progress, leave=True)
+    try:
+        for epoch in range(1, s.epochs + 1):
+            model.train()
+            perm = torch.randperm(len(y_all), generator=order)
+            for start in range(0, len(perm), s.batch_size):
+                idx = perm[start : start + s.batch_size]
+                x, y = x_all[idx], y_all[idx]
+                t0 = time.perf_counter()
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                if eg is not None:
+                    eg.step(loss)
+                dt = time.perf_counter() - t0
+                train_time += dt
+                step += 1
+                losses.append(loss.detach().item())
+                step_times.append(dt)
+                bar.update(1)
+                if eg is not None:
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}", frozen=len(eg.frozen), stage=eg.stage, refresh=False)
+                else:
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+            accuracy = _accuracy(model, test)
+            epochs.append({"epoch": epoch, "step": step, "train_time_s": train_time, "test_accuracy": accuracy})
+            logger.info("%s epoch %d: %.4f test accuracy after %.1f s of training", name, epoch, accuracy, train_time)
+    finally:
+        bar.close()
+    record = {
+        "epochs": epochs,
+        "train_time_s": train_time,
+        "final_accuracy": epochs[-1]["test_accuracy"],
+        "losses": losses,
+        "step_times_s": step_times,
+    }
+    extra: dict[str, Any] = {}
+    if eg is not None:
+        extra = {
+            "modules": list(eg.modules),
+            "module_params": [m.num_params for m in eg.partition.modules],
+            "eval_interval": eg.eval_interval,
+            "events": list(eg.events),
+            "history": eg.history,
+            "frozen_at_end": list(eg.frozen),
+        }
+        eg.close()
+    return record, extra
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, test: tuple[torch.Tensor, torch.Tensor], batch: int = 500) -> float:
+    model.eval()
+    x_all, y_all = test
+    correct = 0
+    for start in range(0, len(y_all), batch):
+        logits = model(x_all[start : start + batch])
+        correct += int((logits.argmax(dim=1) == y_all[start : start + batch]).sum())
+    model.train()
+    return correct / len(y_all)
+
+
+def _frozen_share_timeline(events: list[dict], params: list[int], names: list[str], total_steps: int) -> list[dict]:
+    """Step function of the frozen share of parameters: ``[{"step", "share"}, ...]``, from step 0.
+
+    A freeze event at step s takes effect for steps after s; an unfreeze resets the share to 0.
+    """
+    total = sum(params)
+    size = dict(zip(names, params))
+    frozen = 0
+    points = [{"step": 0, "share": 0.0}]
+    for event in events:
+        if event["action"] == "freeze":
+            frozen += sum(size[m] for m in event["modules"])
+        elif event["action"] == "unfreeze":
+            frozen = 0
+        else:
+            continue
+        points.append({"step": int(event["step"]), "share": frozen / total})
+    points.append({"step": total_steps, "share": frozen / total})
+    return points
+
+
+def _time_to_target(epochs: list[dict], target: float) -> float | None:
+    for record in epochs:
+        if record["test_accuracy"] >= target:
+            return record["train_time_s"]
+    return None
+
+
+def _summary(runs: dict[str, dict], steps_per_epoch: int) -> dict:
+    plain, eg = runs["plain"], runs["egeria"]
+    target = plain["final_accuracy"]
+    plain_ttt = _time_to_target(plain["epochs"], target)
+    eg_ttt = _time_to_target(eg["epochs"], target)
+    first_freeze = next((e["step"] for e in eg["events"] if e["action"] == "freeze"), None)
+    same_until = next(
+        (i for i, (a, b) in enumerate(zip(plain["losses"], eg["losses"])) if a != b), len(plain["losses"])
+    )
+    return {
+        "target_accuracy": target,
+        "time_to_target_s": {"plain": plain_ttt, "egeria": eg_ttt},
+        "time_to_target_speedup": None if plain_ttt is None or eg_ttt is None else plain_ttt / eg_ttt,
+        "wall_time_speedup": plain["train_time_s"] / eg["train_time_s"],
+        "first_freeze_step": first_freeze,
+        # Losses are recorded after each step; index i is step i + 1.
+        "identical_losses_through_step": same_until,
+        "steps_per_epoch": steps_per_epoch,
+    }
+
+
+def format_report(result: dict) -> str:
+    """The side-by-side table and the freeze/unfreeze timeline of a :func:`run_demo` result."""
+    plain, eg = result["runs"]["plain"], result["runs"]["egeria"]
+    summary = result["summary"]
+    spe = result["steps_per_epoch"]
+    ttt = summary["time_to_target_s"]
+    target = summary["target_accuracy"]
+
+    def fmt_time(value: float | None) -> str:
+        return "not reached" if value is None else f"{value:.1f} s"
+
+    rows = [
+        ("", "plain PyTorch", "Egeria"),
+        ("training wall time", f"{plain['train_time_s']:.1f} s", f"{eg['train_time_s']:.1f} s"),
+        ("final test accuracy", f"{plain['final_accuracy']:.2%}", f"{eg['final_accuracy']:.2%}"),
+        (f"time to {target:.2%} (plain final)", fmt_time(ttt["plain"]), fmt_time(ttt["egeria"])),
+        ("mean step time", _mean_ms(plain["step_times_s"]), _mean_ms(eg["step_times_s"])),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [""]
+    for i, row in enumerate(rows):
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
+        if i == 0:
+            lines.append("-" * (sum(widths) + 4))
+    lines.append("-" * (sum(widths) + 4))
+    lines.append(f"wall-time speedup (plain / Egeria): {summary['wall_time_speedup']:.2f}x")
+    if summary["time_to_target_speedup"] is None:
+        best = max(r["test_accuracy"] for r in eg["epochs"])
+        lines.append(
+            f"time-to-target speedup: none, the Egeria run never reached {target:.2%} "
+            f"at an epoch end (its best was {best:.2%})"
+        )
+    else:
+        lines.append(f"time-to-target speedup: {summary['time_to_target_speedup']:.2f}x")
+    lines.append("")
+    lines.append(f"per-epoch test accuracy (training time so far), accuracy on {result['settings']['test_limit']} test images:")
+    for p, e in zip(plain["epochs"], eg["epochs"]):
+        lines.append(
+            f"  epoch {p['epoch']:>2}:  plain {p['test_accuracy']:.2%} ({p['train_time_s']:6.1f} s)   "
+            f"Egeria {e['test_accuracy']:.2%} ({e['train_time_s']:6.1f} s)"
+        )
+    lines.append("")
+    sizes = dict(zip(eg["modules"], eg["module_params"]))
+    total = sum(eg["module_params"])
+    lines.append(
+        f"Egeria: {len(eg['modules'])} layer modules, eval interval n={eg['eval_interval']}, "
+        f"lr drop at step {result['lr_drop_step']}"
+    )
+    timeline = eg["events"]
+    if not any(e["action"] == "freeze" for e in timeline):
+        lines.append("  no module froze in this run, so both runs did the same work: any time gap is noise")
+    for event in timeline:
+        step = event["step"]
+        where = f"step {step:>5} (epoch {(step - 1) // spe + 1}, {step / spe:.2f} epochs in)"
+        if event["action"] == "guided":
+            lines.append(f"  {where}: bootstrapping over, plasticity evaluation starts")
+        else:
+            share = sum(sizes[m] for m in event["modules"]) / total
+            lines.append(f"  {where}: {event['action']:<8} {', '.join(event['modules'])} ({share:.1%} of parameters)")
+    lines.append(
+        f"  frozen at the end: {', '.join(eg['frozen_at_end']) or 'none'}; "
+        f"both runs had identical losses through step {summary['identical_losses_through_step']}"
+    )
+    lines.append("")
+    lines.append(f"wrote {result['files']['png']} and {result['files']['json']}")
+    return "\n".join(lines)
+
+
+def _mean_ms(times: list[float]) -> str:
+    return f"{1000 * sum(times) / max(1, len(times)):.0f} ms"
+
+
+def _plot(result: dict, path: Path) -> None:
+    """Frozen share of parameters over steps (top); test accuracy vs. training time (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plain, eg = result["runs"]["plain"], result["runs"]["egeria"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), constrained_layout=True)
+
+    timeline = eg["frozen_share"]
+    top.step([p["step"] for p in timeline], [100 * p["share"] for p in timeline], where="post", color="tab:orange", lw=2)
+    top.fill_between(
+        [p["step"] for p in timeline], [100 * p["share"] for p in timeline], step="post", color="tab:orange", alpha=0.2
+    )
+    spe = result["steps_per_epoch"]
+    for epoch in range(1, result["settings"]["epochs"]):
+        top.axvline(epoch * spe, color="0.85", lw=0.8, zorder=0)
+    top.axvline(result["lr_drop_step"], color="tab:red", ls="--", lw=1, label="learning rate / 10")
+    guided = next((e["step"] for e in eg["events"] if e["action"] == "guided"), None)
+    if guided is not None:
+        top.axvline(guided, color="tab:green", ls=":", lw=1, label="bootstrapping over")
+    for event in eg["events"]:
+        if event["action"] == "freeze":
+            top.annotate(
+                event["modules"][0], (event["step"], 0), xytext=(2, 4), textcoords="offset points",
+                rotation=90, fontsize=7, va="bottom",
+            )
+    top.set_xlim(0, result["total_steps"])
+    top.set_ylim(0, max(10.0, 100 * max(p["share"] for p in timeline) * 1.25))
+    top.set_xlabel(f"training step ({spe} steps per epoch; grey lines: epoch ends)")
+    top.set_ylabel("frozen parameters (%)")
+    top.set_title("Egeria: share of ResNet-20's parameters frozen")
+    top.legend(loc="upper left", fontsize=8)
+
+    for run, label, color in ((plain, "plain PyTorch", "tab:blue"), (eg, "Egeria", "tab:orange")):
+        xs = [0.0] + [r["train_time_s"] for r in run["epochs"]]
+        ys = [None] + [100 * r["test_accuracy"] for r in run["epochs"]]
+        bottom.plot(xs[1:], ys[1:], marker="o", color=color, label=f"{label} ({run['train_time_s']:.0f} s)")
+    target = result["summary"]["target_accuracy"]
+    bottom.axhline(100 * target, color="0.5", ls=":", lw=1, label=f"target {100 * target:.2f}% (plain final)")
+    bottom.set_xlabel("training wall time (s), evaluation excluded; one point per epoch")
+    bottom.set_ylabel("test accuracy (%)")
+    bottom.set_title("Test accuracy vs. training time")
+    bottom.legend(loc="lower right", fontsize=8)
+    bottom.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def _check_settings(s: DemoSettings) -> None:
+    for name in ("train_limit", "test_limit", "epochs", "batch_size", "window"):
+        value = getattr(s, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"demo {name}={value!r} must be a positive integer")
+    if not 0 < s.lr_drop_at <= 1:
+        raise ValueError(f"demo lr_drop_at={s.lr_drop_at!r} must be in (0, 1]")
+
+
+def _echo(stream: TextIO | None, text: str) -> None:
+    if stream is not None:
+        print(text, file=stream, flush=True)
+

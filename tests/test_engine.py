@@ -1,0 +1,261 @@
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import egeria
+from tiny import Chain, batches, quick_config, tiny_cnn, train
+
+
+def make(model_fn=Chain, lr=1e-4, optimizer="sgd", **config):
+    model = model_fn()
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    eg = egeria.Egeria(model, opt, config=quick_config(**config))
+    return model, opt, eg
+
+
+def train_until_frozen(model, opt, eg, data, count=1):
+    for i, (x, y) in enumerate(data):
+        train(model, opt, eg, [(x, y)])
+        if len(eg.frozen) >= count:
+            return i
+    raise AssertionError(f"nothing froze in {len(data)} steps; history: {eg.history[-3:]}")
+
+
+def test_front_module_freezes_first_and_frozen_is_a_prefix():
+    model, opt, eg = make()
+    data = batches(1) * 120
+    decisions = train(model, opt, eg, data)
+    freezes = [d for d in decisions if d.action == "freeze"]
+    assert len(freezes) >= 2
+    assert [d.modules[0] for d in freezes] == eg.modules[: len(freezes)]
+    assert eg.frozen == eg.modules[: len(eg.frozen)]
+    assert eg.stage == "guided"
+    assert eg.modules[-1] not in eg.frozen
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_frozen_weights_stay_bit_identical(optimizer):
+    model, opt, eg = make(optimizer=optimizer)
+    data = batches(1) * 100
+    train_until_frozen(model, opt, eg, data)
+    frozen_params = [n for n in eg.partition.modules[0].params]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for group in opt.param_groups:  # a large rate, so anything not frozen visibly moves
+        group["lr"] = 0.5 if optimizer == "sgd" else 0.05
+    train(model, opt, eg, batches(8, seed=3))
+    assert eg.frozen  # a raise of the rate does not unfreeze
+    for name, p in model.named_parameters():
+        if name in frozen_params:
+            assert torch.equal(p, before[name]), name
+            assert p.grad is None and not p.requires_grad
+        else:
+            assert not torch.equal(p, before[name]), name
+    assert len(opt.param_groups[0]["params"]) == len(list(model.parameters()))  # groups untouched
+
+
+def test_batchnorm_and_dropout_stay_in_eval_mode_through_model_train():
+    model, opt, eg = make(model_fn=lambda: Chain(dropout=0.5))
+    model(torch.randn(4, 8))
+    holding_bn = next(i for i, m in enumerate(eg.partition.modules) if "stem.1" in m.blocks)
+    assert "stem.2" in eg.partition.modules[holding_bn].blocks
+    train_until_frozen(model, opt, eg, batches(1) * 200, count=holding_bn + 1)
+    stem_bn, stem_drop = model.stem[1], model.stem[2]
+    stats = stem_bn.running_mean.clone()
+    model.train()
+    x = torch.randn(16, 8)
+    out_a, out_b = model.stem(x), model.stem(x)
+    assert not stem_bn.training and not stem_drop.training
+    assert torch.equal(out_a, out_b)  # no dropout noise
+    assert torch.equal(stem_bn.running_mean, stats)  # running stats did not move
+    eg.close()
+    model.train()
+    assert stem_bn.training and stem_drop.training
+
+
+def test_lr_drop_unfreezes_all_and_halves_the_window():
+    model, opt, eg = make(window=4)
+    data = batches(1) * 200
+    train_until_frozen(model, opt, eg, data)
+    frozen_names = list(eg.frozen)
+    for group in opt.param_groups:
+        group["lr"] = group["lr"] * 0.1  # 1e-4 * 0.1 is not exactly 1e-5: the rule must still fire
+    decision = eg.step(torch.tensor(1.0))
+    assert decision is not None and decision.action == "unfreeze"
+    assert list(decision.modules) == frozen_names
+    assert eg.frozen == []
+    assert eg.window == 2
+    assert all(p.requires_grad for p in model.parameters())
+    assert model.stem[1].training is model.training
+    # Refreezing works with the halved window.
+    train_until_frozen(model, opt, eg, data)
+
+
+def test_smaller_lr_drop_does_not_unfreeze():
+    model, opt, eg = make()
+    train_until_frozen(model, opt, eg, batches(1) * 100)
+    for group in opt.param_groups:
+        group["lr"] *= 0.2
+    assert eg.step(torch.tensor(1.0)) is None
+    assert eg.frozen
+
+
+def test_user_unfreeze_rule_replaces_the_lr_rule():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    calls = []
+
+    def every_fifth_step(ctx: egeria.UnfreezeContext) -> bool:
+        calls.append(ctx)
+        return ctx.step - ctx.freeze_step >= 5
+
+    eg = egeria.Egeria(model, opt, config=quick_config(), unfreeze_rule=every_fifth_step)
+    data = batches(1) * 100
+    train_until_frozen(model, opt, eg, data)
+    decisions = train(model, opt, eg, batches(1) * 5)
+    assert [d.action for d in decisions][-1] == "unfreeze"
+    assert calls and calls[-1].frozen
+
+
+def checkpointed(model, opt, eg):
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        _clone_opt(opt.state_dict()),
+        json.loads(json.dumps(eg.state_dict())),
+    )
+
+
+def _clone_opt(state):
+    import copy
+
+    return copy.deepcopy(state)
+
+
+@pytest.mark.parametrize(
+    "model_fn,data,split",
+    [(Chain, batches(2) * 40, 15), (tiny_cnn, batches(12, image=True) * 4, 22)],
+    ids=["mlp-dynamic-int8", "cnn-static-int8"],
+)
+def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, split):
+    def fresh():
+        torch.manual_seed(0)
+        model = model_fn()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        return model, opt, egeria.Egeria(model, opt, config=quick_config(window=4))
+
+    model, opt, eg = fresh()
+    first = train(model, opt, eg, data[:split])
+    saved = checkpointed(model, opt, eg)
+    rest = train(model, opt, eg, data[split:])
+    assert first, "the test needs a freeze before the checkpoint"
+    assert rest, "the test needs decisions after the checkpoint"
+
+    model2, opt2, eg2 = fresh()
+    model2.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
+    eg2.load_state_dict(saved[2])
+    assert eg2.frozen == [d.modules[0] for d in first]
+    assert not any(p.requires_grad for n in eg2.frozen for p in _params_of(model2, eg2, n))
+    rest2 = train(model2, opt2, eg2, data[split:])
+    assert rest2 == rest
+    assert eg2.history == eg.history
+    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def _params_of(model, eg, module_name):
+    module = next(m for m in eg.partition.modules if m.name == module_name)
+    named = dict(model.named_parameters())
+    return [named[p] for p in module.params]
+
+
+# -- bad input -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("eval_interval", 0),
+        ("window", -1),
+        ("window", 2.5),
+        ("tolerance_ratio", 0.0),
+        ("tolerance_ratio", float("nan")),
+        ("bootstrap_change_rate", -0.1),
+        ("reference_precision", "int4"),
+        ("unfreeze_lr_drop", 1.0),
+        ("modules", 42),
+        ("modules", ["head"]),
+        ("modules", "("),
+        ("max_modules", 1),
+    ],
+)
+def test_invalid_config_names_field_and_value(field, value):
+    with pytest.raises(ValueError, match=rf"EgeriaConfig\.{field}="):
+        egeria.EgeriaConfig(**{field: value})
+
+
+def test_optimizer_without_model_parameters_is_rejected():
+    model = Chain()
+    other = torch.optim.SGD(Chain().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="holds none of the model's parameters"):
+        egeria.Egeria(model, other, total_steps=100)
+
+
+def test_single_module_model_is_rejected():
+    model = nn.Sequential(nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="single layer module"):
+        egeria.Egeria(model, opt, total_steps=100)
+
+
+def test_eval_interval_none_needs_total_steps():
+    model = Chain()
+    with pytest.raises(ValueError, match="total_steps"):
+        egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_step_before_any_forward_pass_is_a_clear_error():
+    model = Chain()
+    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=100)
+    with pytest.raises(RuntimeError, match="first forward pass"):
+        eg.step(torch.tensor(1.0))
+
+
+def test_non_finite_losses_are_logged_and_ignored(caplog):
+    model, opt, eg = make(eval_interval=2)
+    model(torch.randn(4, 8))
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        eg.step(torch.tensor(float("nan")))
+        eg.step(torch.tensor(float("inf")))
+    assert "non-finite" in caplog.text
+    assert eg.stage == "bootstrap"
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        eg.step(torch.ones(2))
+
+
+def test_eval_interval_follows_the_papers_guideline():
+    model = Chain(depth=4)
+    eg = egeria.Egeria(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=78_000, example_inputs=(torch.randn(2, 8),)
+    )
+    modules = len(eg.modules)
+    assert eg.eval_interval == int(78_000 / (2 * 10) / modules / 1.75)
+
+
+def test_close_removes_every_hook_and_unfreezes():
+    model, opt, eg = make()
+    hooks_before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    train_until_frozen(model, opt, eg, batches(1) * 100)
+    eg.close()
+    hooks_after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    assert hooks_after == 0 and hooks_before > 0
+    assert all(p.requires_grad for p in model.parameters())
+    with pytest.raises(RuntimeError, match="closed"):
+        eg.step(torch.tensor(1.0))

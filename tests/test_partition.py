@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import egeria
+from egeria.models import TransformerLM, resnet
+from hf_style import TinyGPTConfig, TinyGPTModel
+from tiny import Chain
+
+
+def partition_of(model, example, **config):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10, **config), example_inputs=example)
+    return eg, eg.partition
+
+
+def weighted_blocks(model, partition, index=None):
+    """Blocks holding parameters, in module order (dropout and the like left out)."""
+    modules = partition.modules if index is None else [partition.modules[index]]
+    return [b for m in modules for b in m.blocks if any(True for _ in model.get_submodule(b).parameters())]
+
+
+def assert_covers_every_parameter_once(model, partition):
+    owned = [p for m in partition.modules for p in m.params]
+    assert sorted(owned) == sorted(n for n, _ in model.named_parameters())
+    assert len(owned) == len(set(owned))
+    assert sum(m.num_params for m in partition.modules) == sum(p.numel() for p in model.parameters())
+
+
+def test_resnet20_modules_follow_execution_order_and_group_blocks():
+    model = resnet(depth=20, in_channels=1)
+    eg, partition = partition_of(model, (torch.randn(2, 1, 28, 28),))
+    blocks = weighted_blocks(model, partition)
+    expected = ["conv1", "bn1"] + [f"layer{s}.{i}" for s in (1, 2, 3) for i in range(3)] + ["linear"]
+    assert blocks == expected
+    assert 2 <= len(partition) <= 8
+    assert partition.modules[-1].blocks[-1] == "linear"
+    assert_covers_every_parameter_once(model, partition)
+    # No module is tiny next to the others (the stem and the classifier are merged in).
+    sizes = [m.num_params for m in partition.modules]
+    assert min(sizes) >= 0.1 * sorted(sizes)[len(sizes) // 2]
+
+
+def test_execution_order_not_registration_order():
+    model = Chain(depth=4)
+    eg, partition = partition_of(model, (torch.randn(4, 8),), max_modules=8)
+    blocks = weighted_blocks(model, partition)
+    assert blocks == ["stem.0", "stem.1", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]
+    assert partition.modules[-1].blocks[-1] == "head"
+    assert_covers_every_parameter_once(model, partition)
+
+
+def test_transformer_lm_partition():
+    model = TransformerLM(vocab_size=50, d_model=16, n_heads=2, n_layers=6, d_ff=32, max_len=16)
+    eg, partition = partition_of(model, (torch.randint(0, 50, (2, 8)),))
+    blocks = weighted_blocks(model, partition)
+    assert blocks == ["embed", "pos"] + [f"layers.{i}" for i in range(6)] + ["norm", "head"]
+    assert_covers_every_parameter_once(model, partition)
+
+
+def test_hf_style_tied_embeddings_stay_trainable_with_the_head():
+    config = TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16)
+    model = TinyGPTModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    eg, partition = partition_of(model, (torch.randint(0, 40, (2, 8)),), max_modules=8)
+    blocks = weighted_blocks(model, partition)
+    assert blocks[:3] == ["transformer.wte", "transformer.wpe", "transformer.h.0"]
+    assert blocks[-1] == "lm_head"
+    assert_covers_every_parameter_once(model, partition)
+    # The shared weight is owned by the head (never frozen), not by the front module.
+    assert "transformer.wte.weight" in partition.modules[-1].params
+    assert "transformer.wte.weight" not in partition.modules[0].params
+    assert "transformer.wte" in partition.modules[0].blocks
+
+
+def test_user_regex_picks_modules_and_trailing_blocks_form_the_head():
+    model = resnet(depth=20, in_channels=1)
+    eg, partition = partition_of(model, (torch.randn(2, 1, 28, 28),), modules=r"layer\d")
+    assert partition.names == ["layer1", "layer2", "layer3", "linear"]
+    assert partition.modules[0].blocks == ["conv1", "bn1", "layer1"]
+    assert_covers_every_parameter_once(model, partition)
+
+
+def test_user_list_of_names():
+    model = Chain(depth=4)
+    eg, partition = partition_of(model, (torch.randn(4, 8),), modules=["blocks.0", "blocks.2", "head"])
+    assert partition.names == ["blocks.0", "blocks.2", "head"]
+    assert weighted_blocks(model, partition, 0) == ["stem.0", "stem.1", "blocks.0", "blocks.1"]
+    assert weighted_blocks(model, partition, 1) == ["blocks.2", "blocks.3"]
+    assert "stem.2" in partition.modules[0].blocks  # the dropout runs inside module 0
+
+
+def test_regex_matching_nothing_lists_available_names():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"matches no module; available names: .*blocks\.0"):
+        egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=1, modules=r"encoder\.\d+"))
+
+
+def test_unknown_module_name_is_named_in_the_error():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="'nope'"):
+        egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=1, modules=["nope", "head"]))

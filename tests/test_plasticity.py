@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from egeria.plasticity import ModuleWatch, least_squares_slope
+
+
+def feed(watch: ModuleWatch, values):
+    return [watch.update(v) for v in values]
+
+
+def first_freeze(readings) -> int | None:
+    return next((i for i, r in enumerate(readings) if r.freeze), None)
+
+
+def test_slope_matches_numpy_polyfit():
+    values = [3.0, 2.5, 2.7, 1.9, 1.2, 1.25]
+    assert least_squares_slope(values) == pytest.approx(np.polyfit(range(6), values, 1)[0])
+    assert least_squares_slope([4.0]) == 0.0
+
+
+def test_flat_plasticity_freezes_after_exactly_w_low_slope_readings():
+    window = 5
+    watch = ModuleWatch(window=window, tolerance_ratio=0.2)
+    # A falling start sets the tolerance, then the values go flat.
+    readings = feed(watch, [1.0, 0.8, 0.6] + [0.5] * 40)
+    frozen_at = first_freeze(readings)
+    assert frozen_at is not None
+    # The reading that freezes is the W-th consecutive stale one, and no earlier one froze.
+    assert readings[frozen_at].stale == window
+    assert all(r.stale == window - k for k, r in enumerate(reversed(readings[frozen_at - window + 1 : frozen_at + 1])))
+    assert readings[frozen_at - window].stale == 0
+
+
+def test_constant_plasticity_from_the_start_freezes():
+    watch = ModuleWatch(window=4, tolerance_ratio=0.2)
+    readings = feed(watch, [0.1] * 20)
+    # Slopes exist from reading 2, the tolerance from reading 4 (3 slopes), then 4 stale readings.
+    assert first_freeze(readings) == 3 + 4 - 1
+
+
+def test_steadily_falling_plasticity_never_freezes():
+    watch = ModuleWatch(window=5, tolerance_ratio=0.2)
+    readings = feed(watch, [1.0 - 0.01 * i for i in range(80)])
+    assert first_freeze(readings) is None
+    assert all(r.stale == 0 for r in readings)
+
+
+def test_tolerance_is_per_module_from_its_first_three_slopes():
+    fast, slow = ModuleWatch(window=4, tolerance_ratio=0.2), ModuleWatch(window=4, tolerance_ratio=0.2)
+    feed(fast, [1.0, 0.5, 0.3, 0.25])
+    feed(slow, [1.0, 0.99, 0.985, 0.98])
+    assert fast.tolerance == pytest.approx(0.2 * max(abs(s) for s in fast.first_slopes))
+    assert slow.tolerance == pytest.approx(0.2 * max(abs(s) for s in slow.first_slopes))
+    assert len(fast.first_slopes) == len(slow.first_slopes) == 3
+    assert fast.tolerance > 10 * slow.tolerance
+    # The same later slope is within the fast module's tolerance and outside the slow one's.
+    slope = (fast.tolerance + slow.tolerance) / 2
+    assert abs(slope) <= fast.tolerance and abs(slope) > slow.tolerance
+
+
+def test_a_bump_resets_the_stale_counter():
+    watch = ModuleWatch(window=8, tolerance_ratio=0.2)
+    before = feed(watch, [1.0, 0.8, 0.6] + [0.5] * 14)
+    assert before[-1].stale > 0 and first_freeze(before) is None
+    bump = watch.update(3.0)
+    assert bump.stale == 0 and not bump.freeze
+
+
+def test_non_finite_reading_is_rejected():
+    watch = ModuleWatch(window=4, tolerance_ratio=0.2)
+    with pytest.raises(ValueError, match="nan"):
+        watch.update(float("nan"))
+
+
+def test_state_round_trip_continues_identically():
+    values = [1.0, 0.8, 0.7, 0.65, 0.6, 0.6, 0.61, 0.6, 0.6, 0.6, 0.6, 0.6]
+    a = ModuleWatch(window=3, tolerance_ratio=0.2)
+    feed(a, values[:5])
+    b = ModuleWatch.from_state(a.state_dict())
+    assert feed(a, values[5:]) == feed(b, values[5:])

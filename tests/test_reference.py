@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import egeria
+from egeria.models import TransformerLM, resnet
+from egeria.reference import ReferenceModel
+
+
+def reference_for(model, example, precision):
+    model.eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10), example_inputs=example)
+    ref = ReferenceModel(model, eg.partition, precision)
+    last = len(eg.partition) - 2
+    batch = (example, {})
+    ref.refresh(model, 0, last, batch)
+    return eg, ref, last
+
+
+def training_activation(model, eg, example, index):
+    block = model.get_submodule(eg.partition.modules[index].output_block)
+    seen = []
+    handle = block.register_forward_hook(lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        model(*example)
+    handle.remove()
+    return seen[0]
+
+
+def test_int8_reference_of_a_cnn_is_static_int8_and_close_to_fp32():
+    model = resnet(depth=20, in_channels=1)
+    example = (torch.randn(32, 1, 28, 28),)
+    eg, ref, last = reference_for(model, example, "int8")
+    blocks = [b for m in eg.partition.modules[: last + 1] for b in m.blocks if b.startswith("layer")]
+    assert all(ref.kinds[b] == "int8-static" for b in blocks)
+    for index in (0, last):
+        act = ref.activation((example, {}), index)
+        expected = training_activation(model, eg, example, index)
+        assert act.shape == expected.shape
+        assert egeria.sp_loss(act, expected).item() < 1e-4
+        assert not torch.equal(act, expected)  # really computed in int8
+
+
+def test_int8_reference_of_a_transformer_uses_dynamic_int8_linears():
+    model = TransformerLM(vocab_size=100, d_model=32, n_heads=2, n_layers=4, d_ff=64, max_len=16, dropout=0.0)
+    example = (torch.randint(0, 100, (8, 16)),)
+    eg, ref, last = reference_for(model, example, "int8")
+    assert ref.kinds["layers.0"] == "int8-dynamic"
+    act = ref.activation((example, {}), last)
+    expected = training_activation(model, eg, example, last)
+    assert egeria.sp_loss(act, expected).item() < 1e-3
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_other_precisions(precision):
+    model = resnet(depth=8, in_channels=1, width=8)
+    example = (torch.randn(8, 1, 16, 16),)
+    eg, ref, last = reference_for(model, example, precision)
+    act = ref.activation((example, {}), last)
+    expected = training_activation(model, eg, example, last)
+    if precision == "fp32":
+        torch.testing.assert_close(act, expected)
+    else:
+        assert egeria.sp_loss(act, expected).item() < 1e-3
+
+
+def test_reference_stops_at_the_watched_module():
+    model = resnet(depth=8, in_channels=1, width=8)
+    example = (torch.randn(4, 1, 16, 16),)
+    eg, ref, last = reference_for(model, example, "fp32")
+    ran = []
+    head = ref._float.get_submodule(eg.partition.modules[-1].blocks[-1])
+    head.register_forward_pre_hook(lambda m, a: ran.append(True))
+    ref.activation((example, {}), 0)
+    assert ran == []
+
+
+def test_reference_does_not_touch_the_training_model():
+    model = resnet(depth=8, in_channels=1, width=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    example = (torch.randn(4, 1, 16, 16),)
+    reference_for(model, example, "int8")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k

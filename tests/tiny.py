@@ -1,0 +1,83 @@
+"""Small deterministic models and a training loop for Egeria's tests (not a test file)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import egeria
+from egeria.models import resnet
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.relu(self.norm(self.fc(x)))
+
+
+class Chain(nn.Module):
+    """Stem, a stack of blocks, head; registered head-first to test execution order."""
+
+    def __init__(self, width: int = 16, depth: int = 4, classes: int = 3, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.head = nn.Linear(width, classes)
+        self.blocks = nn.ModuleList(MLPBlock(width) for _ in range(depth))
+        self.stem = nn.Sequential(nn.Linear(8, width), nn.BatchNorm1d(width), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def tiny_cnn(classes: int = 3) -> nn.Module:
+    return resnet(depth=8, in_channels=1, num_classes=classes, width=4)
+
+
+def batches(count: int, *, image: bool = False, batch: int = 16, classes: int = 3, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, 1, 12, 12) if image else (batch, 8)
+    return [(torch.randn(shape, generator=g), torch.randint(0, classes, (batch,), generator=g)) for _ in range(count)]
+
+
+def train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    eg: egeria.Egeria | None,
+    data,
+    *,
+    scheduler=None,
+    on_step: Callable[[int], None] | None = None,
+) -> list[egeria.Decision]:
+    """The README's loop; returns Egeria's decisions."""
+    decisions = []
+    model.train()
+    for i, (x, y) in enumerate(data):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        if eg is not None:
+            d = eg.step(loss)
+            if d is not None:
+                decisions.append(d)
+        if on_step is not None:
+            on_step(i)
+    return decisions
+
+
+def quick_config(**overrides) -> egeria.EgeriaConfig:
+    """Evaluate every step with a short window so decisions come within tens of steps."""
+    settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5)
+    settings.update(overrides)
+    return egeria.EgeriaConfig(**settings)
