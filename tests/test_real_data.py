@@ -1,0 +1,59 @@
+"""A short run on real Fashion-MNIST: plain PyTorch against Egeria, same seed and data order."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import egeria
+from egeria.data import load_fashion_mnist
+from egeria.models import resnet
+
+EPOCHS = 5
+
+
+def run(train_ds, test_ds, use_egeria: bool):
+    torch.manual_seed(0)
+    model = resnet(depth=8, in_channels=1, width=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    loader = torch.utils.data.DataLoader(
+        train_ds, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(0.8 * EPOCHS * len(loader))], 0.1)
+    config = egeria.EgeriaConfig(eval_interval=3, window=5)
+    eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched) if use_egeria else None
+    for _ in range(EPOCHS):
+        model.train()
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            if eg is not None:
+                eg.step(loss)
+    model.eval()
+    with torch.no_grad():
+        x, y = test_ds.tensors
+        accuracy = (model(x).argmax(1) == y).float().mean().item()
+    return accuracy, eg
+
+
+def test_front_module_freezes_first_and_accuracy_holds_on_fashion_mnist():
+    train_ds = load_fashion_mnist(split="train", limit=4000)
+    test_ds = load_fashion_mnist(split="test", limit=2000)
+    plain, _ = run(train_ds, test_ds, use_egeria=False)
+    frozen_run, eg = run(train_ds, test_ds, use_egeria=True)
+
+    freezes = [e for e in eg.events if e["action"] == "freeze"]
+    assert freezes, f"nothing froze; readings: {eg.history[-5:]}"
+    assert freezes[0]["modules"] == [eg.modules[0]]
+    # Between unfreezes, each freeze is one module deeper than the one before.
+    depth = 0
+    for event in eg.events:
+        if event["action"] == "unfreeze":
+            depth = 0
+        elif event["action"] == "freeze":
+            assert event["modules"] == [eg.modules[depth]]
+            depth += 1
+    assert abs(frozen_run - plain) <= 0.01, (plain, frozen_run)
