@@ -28,6 +28,7 @@ from .bootstrap import BootstrapMonitor
 from .config import EgeriaConfig
 from .controller import Controller, Decision, Evaluation
 from .freezing import EvalLock, freeze_parameters, unfreeze_parameters
+from .nested import map_tensors
 from .partition import ExecutionTrace, Partition, build_partition, chosen_modules, find_blocks, first_tensor
 from .unfreezing import CYCLICAL_SCHEDULERS, LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
 
@@ -236,16 +237,17 @@ class Egeria:
         return decision
 
     def _freeze_next(self, decision: Decision) -> None:
-        partition = self._require_partition("freeze")
-        module = partition.modules[self._frozen]
-        freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
-        named = dict(self.model.named_modules())
-        self._locks.extend(EvalLock(named[b]) for b in module.blocks)
         if self._frozen == 0:
             self._lr_at_freeze = current_lr(self.optimizer)
             self._freeze_step = self.steps
-        self._frozen += 1
+        self._freeze_front_module()
         self._log_event(decision)
+
+    def _freeze_front_module(self) -> None:
+        module = self._require_partition("freeze").modules[self._frozen]
+        freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+        self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
+        self._frozen += 1
 
     def _maybe_unfreeze(self) -> Decision | None:
         if self._frozen == 0:
@@ -284,7 +286,7 @@ class Egeria:
     def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._capturing = False
         if self._armed and module.training and self._captured_batch is None and self._partition is not None:
-            self._captured_batch = (_to_cpu(args), _to_cpu(kwargs))
+            self._captured_batch = map_tensors((args, kwargs), _cpu_copy)
             self._capturing = True
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -412,11 +414,7 @@ class Egeria:
         self._losses = list(state["losses"])
         self.events = list(state["events"])
         for _ in range(int(state["frozen"])):
-            module = partition.modules[self._frozen]
-            freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
-            named = dict(self.model.named_modules())
-            self._locks.extend(EvalLock(named[b]) for b in module.blocks)
-            self._frozen += 1
+            self._freeze_front_module()
         self._lr_at_freeze = state["lr_at_freeze"]
         self._freeze_step = state["freeze_step"]
         assert self._controller is not None
@@ -481,13 +479,5 @@ def _check_optimizer(model: nn.Module, optimizer: Any) -> None:
         )
 
 
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, tuple):
-        return tuple(_to_cpu(v) for v in value)
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
+def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from .nested import map_tensors
 from .partition import Partition, first_tensor
 from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
@@ -169,7 +170,7 @@ class ReferenceModel:
         handles = []
         for name in blocks:
             def grab(module: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
-                seen.setdefault(name, (_detach(args), _detach(kwargs)))
+                seen.setdefault(name, map_tensors((args, kwargs), torch.Tensor.detach))
 
             handles.append(self._float.get_submodule(name).register_forward_pre_hook(grab, with_kwargs=True))
         try:
@@ -334,15 +335,3 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, leaf = name.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
     setattr(parent, leaf, module)
-
-
-def _detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, tuple):
-        return tuple(_detach(v) for v in value)
-    if isinstance(value, list):
-        return [_detach(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    return value
