@@ -29,8 +29,9 @@ def train_until_frozen(model, opt, eg, data, count=1):
     raise AssertionError(f"nothing froze in {len(data)} steps; history: {eg.history[-3:]}")
 
 
-def test_front_module_freezes_first_and_frozen_is_a_prefix():
-    model, opt, eg = make()
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_front_module_freezes_first_and_frozen_is_a_prefix(mode):
+    model, opt, eg = make(activation_mode=mode)
     data = batches(1) * 120
     decisions = train(model, opt, eg, data)
     freezes = [d for d in decisions if d.action == "freeze"]
@@ -59,6 +60,23 @@ def test_frozen_weights_stay_bit_identical(optimizer):
         else:
             assert not torch.equal(p, before[name]), name
     assert len(opt.param_groups[0]["params"]) == len(list(model.parameters()))  # groups untouched
+
+
+def test_evaluation_forward_leaves_training_flags_and_batchnorm_stats_alone():
+    model, opt, eg = make(model_fn=lambda: Chain(dropout=0.5))
+    model.blocks[3].eval()  # a user's own choice, which Egeria must keep
+    data = batches(1)
+    train(model, opt, eg, data * 3)  # guided from step 2: evaluation forwards at each step
+    flags = {name: m.training for name, m in model.named_modules()}
+    stats = model.stem[1].running_mean.clone()
+    captured = eg._take_capture()
+    assert captured is None  # nothing armed outside a step
+    model(data[0][0])  # the armed forward of the next step
+    after_forward = model.stem[1].running_mean.clone()
+    eg.step(torch.tensor(1.0))  # runs the eval-mode front forward
+    assert {name: m.training for name, m in model.named_modules()} == flags
+    assert torch.equal(model.stem[1].running_mean, after_forward)
+    assert not torch.equal(after_forward, stats)  # the training forward itself did update them
 
 
 def test_batchnorm_and_dropout_stay_in_eval_mode_through_model_train():
@@ -109,7 +127,7 @@ def test_smaller_lr_drop_does_not_unfreeze():
 
 def test_user_unfreeze_rule_replaces_the_lr_rule():
     model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     calls = []
 
     def every_fifth_step(ctx: egeria.UnfreezeContext) -> bool:

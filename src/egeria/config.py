@@ -7,10 +7,12 @@ import re
 from dataclasses import dataclass, fields
 from typing import Sequence, Union
 
-__all__ = ["EgeriaConfig", "PRECISIONS"]
+__all__ = ["EgeriaConfig", "PRECISIONS", "ACTIVATION_MODES"]
 
 #: Precisions the reference model can run in.
 PRECISIONS = ("int8", "bf16", "fp32")
+#: Where the training side's activation for a reading comes from.
+ACTIVATION_MODES = ("eval", "train")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,12 @@ class EgeriaConfig:
     reference_threads: int | None = 1
     # Smallest window W may be halved down to by repeated unfreezing.
     min_window: int = 2
+    # Where a reading's training activation comes from. "eval": at the evaluation step the
+    # model's front, up to the watched module, runs once more in eval mode without
+    # gradients, so the reading sees the module's own drift and not BatchNorm batch
+    # statistics or dropout noise. "train": hooked from the training forward pass, as in
+    # the paper; no extra compute, but that noise is hundreds of times the int8 error.
+    activation_mode: str = "eval"
 
     def __post_init__(self) -> None:
         _check_optional_positive_int(self, "eval_interval")
@@ -81,6 +89,11 @@ class EgeriaConfig:
             raise ValueError(
                 f"EgeriaConfig.reference_precision={self.reference_precision!r} is not one of "
                 f"{', '.join(map(repr, PRECISIONS))}"
+            )
+        if self.activation_mode not in ACTIVATION_MODES:
+            raise ValueError(
+                f"EgeriaConfig.activation_mode={self.activation_mode!r} is not one of "
+                f"{', '.join(map(repr, ACTIVATION_MODES))}"
             )
         _check_modules(self.modules)
 

@@ -30,6 +30,7 @@ from .controller import Controller, Decision, Evaluation
 from .freezing import EvalLock, freeze_parameters, unfreeze_parameters
 from .nested import map_tensors
 from .partition import ExecutionTrace, Partition, build_partition, chosen_modules, find_blocks, first_tensor
+from .truncated import run_until
 from .unfreezing import CYCLICAL_SCHEDULERS, LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
 
 __all__ = ["Egeria", "derive_eval_interval"]
@@ -128,6 +129,7 @@ class Egeria:
         self._controller: Controller | None = None
         self._armed = self._eval_interval == 1
         self._capturing = False
+        self._internal_forward = False
         self._captured_batch: tuple | None = None
         self._captured_activation: torch.Tensor | None = None
         self._output_handles: list = []
@@ -190,12 +192,12 @@ class Egeria:
         self.steps += 1
         n = self._eval_interval
         assert n is not None
-        captured = self._take_capture()
         decision: Decision | None = None
         if self.stage == "bootstrap":
             self._record_loss(loss)
             if self.steps % n == 0:
                 self._end_bootstrap_interval()
+        captured = self._take_capture()
         if self.stage == "guided" and captured is not None and self._frozen < len(partition) - 1:
             decision = self._evaluate(captured)
         unfreeze = self._maybe_unfreeze()
@@ -285,9 +287,11 @@ class Egeria:
 
     def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._capturing = False
+        if self._internal_forward:
+            return
         if self._armed and module.training and self._captured_batch is None and self._partition is not None:
-            self._captured_batch = map_tensors((args, kwargs), _cpu_copy)
-            self._capturing = True
+            self._captured_batch = map_tensors((args, kwargs), torch.Tensor.detach)
+            self._capturing = self.config.activation_mode == "train"
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._capturing = False
@@ -304,12 +308,32 @@ class Egeria:
         return hook
 
     def _take_capture(self) -> tuple[tuple, torch.Tensor] | None:
+        """The evaluation batch (on the CPU) and the watched module's training activation."""
         batch, activation = self._captured_batch, self._captured_activation
         self._captured_batch = None
         self._captured_activation = None
-        if batch is None or activation is None:
+        if batch is None:
             return None
-        return batch, activation
+        if self.config.activation_mode == "eval" and self.stage == "guided":
+            activation = self._front_activation(batch)
+        if activation is None:
+            return None
+        return map_tensors(batch, _cpu_copy), activation
+
+    def _front_activation(self, batch: tuple) -> torch.Tensor | None:
+        """The watched module's output for ``batch``, in eval mode, without gradients."""
+        block = self._require_partition("evaluation").modules[self._frozen].output_block
+        flags = [(m, m.training) for m in self.model.modules()]
+        self._internal_forward = True
+        try:
+            self.model.eval()
+            with torch.no_grad():
+                tensor = first_tensor(run_until(self.model, block, batch[0], batch[1]))
+        finally:
+            for m, flag in flags:
+                m.training = flag
+            self._internal_forward = False
+        return None if tensor is None else _cpu_copy(tensor)
 
     def _trace_with(self, example_inputs: tuple) -> None:
         was_training = self.model.training

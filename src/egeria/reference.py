@@ -28,6 +28,7 @@ from .nested import map_tensors
 from .partition import Partition, first_tensor
 from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
+from .truncated import run_until
 
 __all__ = ["ReferenceModel", "Batch"]
 
@@ -35,14 +36,6 @@ logger = logging.getLogger(__name__)
 
 #: A model's call arguments, ``(args, kwargs)``, on the CPU.
 Batch = tuple[tuple, dict]
-
-
-class _Stop(Exception):
-    """Carries a block's output out of a reference forward pass that can end there."""
-
-    def __init__(self, output: Any) -> None:
-        super().__init__()
-        self.output = output
 
 
 class ReferenceModel:
@@ -202,22 +195,7 @@ class ReferenceModel:
     def _run_until(self, batch: Batch, block: str | None) -> Any:
         args, kwargs = batch
         with self._threads(), self._swapped():
-            handle = None
-            if block is not None:
-                def stop(module: nn.Module, inputs: tuple, output: Any) -> None:
-                    raise _Stop(output)
-
-                handle = self._float.get_submodule(block).register_forward_hook(stop)
-            try:
-                self._float(*args, **kwargs)
-            except _Stop as stopped:
-                return stopped.output
-            finally:
-                if handle is not None:
-                    handle.remove()
-        if block is not None:
-            raise RuntimeError(f"block {block} did not run in the reference forward pass")
-        return None
+            return run_until(self._float, block, args, kwargs)
 
     @contextlib.contextmanager
     def _swapped(self) -> Iterator[None]:
