@@ -251,15 +251,60 @@ def test_step_before_any_forward_pass_is_a_clear_error():
 
 
 def test_non_finite_losses_are_logged_and_ignored(caplog):
-    model, opt, eg = make(eval_interval=2)
+    model, opt, eg = make(eval_interval=2, bootstrap_change_rate=0.10)
     model(torch.randn(4, 8))
+    for loss in (2.0, 2.0):  # first interval: mean 2.0
+        eg.step(torch.tensor(loss))
     with caplog.at_level(logging.WARNING, logger="egeria"):
+        # Second interval: counted as is, its mean (nan) or (2.0 + inf) would not settle the
+        # loss; ignoring the non-finite values leaves 2.0, which ends bootstrapping.
         eg.step(torch.tensor(float("nan")))
-        eg.step(torch.tensor(float("inf")))
+        eg.step(torch.tensor(2.0))
     assert "non-finite" in caplog.text
-    assert eg.stage == "bootstrap"
+    assert eg.stage == "guided"
+
+
+def test_bad_loss_is_rejected_without_counting_a_step():
+    model, opt, eg = make()
+    model(torch.randn(4, 8))
     with pytest.raises(ValueError, match=r"shape \(2,\)"):
         eg.step(torch.ones(2))
+    with pytest.raises(ValueError, match="got str"):
+        eg.step("0.5")
+    assert eg.steps == 0
+
+
+def test_example_inputs_must_be_a_tuple():
+    model = Chain()
+    with pytest.raises(ValueError, match=r"example_inputs=\(x,\)"):
+        egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=10, example_inputs=torch.randn(2, 8))
+
+
+def test_a_model_that_cannot_be_split_trains_on_and_step_says_why():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eg = egeria.Egeria(model, opt, config=quick_config(modules=r"head"))
+    model(torch.randn(4, 8))  # the user's forward pass is not broken
+    with pytest.raises(ValueError, match="single layer module"):
+        eg.step(torch.tensor(1.0))
+
+
+def test_a_forward_that_catches_exceptions_cannot_swallow_the_early_stop():
+    class Forgiving(Chain):
+        def forward(self, x):
+            h = self.stem(x)
+            for block in self.blocks:
+                try:
+                    h = block(h)
+                except Exception:  # noqa: BLE001 - what some user models do
+                    pass
+            return self.head(h)
+
+    model = Forgiving()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    train(model, opt, eg, batches(1) * 12)
+    assert eg.history and all(r["module"] == eg.modules[0] for r in eg.history[:3])
 
 
 def test_eval_interval_follows_the_papers_guideline():
@@ -281,3 +326,12 @@ def test_close_removes_every_hook_and_unfreezes():
     assert all(p.requires_grad for p in model.parameters())
     with pytest.raises(RuntimeError, match="closed"):
         eg.step(torch.tensor(1.0))
+
+
+def test_close_keeping_modules_frozen_still_removes_every_hook():
+    model, opt, eg = make()
+    train_until_frozen(model, opt, eg, batches(1) * 100)
+    frozen = [p for n in eg.frozen for p in _params_of(model, eg, n)]
+    eg.close(unfreeze=False)
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
+    assert frozen and not any(p.requires_grad for p in frozen)

@@ -72,6 +72,28 @@ def test_hf_style_tied_embeddings_stay_trainable_with_the_head():
     assert "transformer.wte.weight" in partition.modules[-1].params
     assert "transformer.wte.weight" not in partition.modules[0].params
     assert "transformer.wte" in partition.modules[0].blocks
+    # Module 0 uses the head's weight, so it (and every module after it) stays trainable.
+    assert partition.freezable == 0
+
+
+def test_tied_model_never_freezes_and_untied_one_can(caplog):
+    tied = TinyGPTModel(TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16))
+    with caplog.at_level("WARNING", logger="egeria"):
+        eg, partition = partition_of(tied, (torch.randint(0, 40, (2, 8)),), max_modules=8)
+    assert "tied weights" in caplog.text and "stay trainable" in caplog.text
+    untied = TinyGPTModel(
+        TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16, tie_word_embeddings=False)
+    )
+    eg, partition = partition_of(untied, (torch.randint(0, 40, (2, 8)),), max_modules=8)
+    assert partition.freezable == len(partition) - 1
+
+
+def test_weights_shared_across_layers_block_freezing_from_the_first_user():
+    model = Chain(depth=4)
+    model.blocks[2].fc = model.blocks[0].fc  # ALBERT-style sharing between blocks 0 and 2
+    eg, partition = partition_of(model, (torch.randn(4, 8),), max_modules=8)
+    first_user = next(i for i, m in enumerate(partition.modules) if "blocks.0" in m.blocks)
+    assert partition.freezable == first_user
 
 
 def test_user_regex_picks_modules_and_trailing_blocks_form_the_head():

@@ -54,10 +54,17 @@ def test_tolerance_is_per_module_from_its_first_three_slopes():
     assert fast.tolerance == pytest.approx(0.2 * max(abs(s) for s in fast.first_slopes))
     assert slow.tolerance == pytest.approx(0.2 * max(abs(s) for s in slow.first_slopes))
     assert len(fast.first_slopes) == len(slow.first_slopes) == 3
+    # First slopes, by hand: least squares over the smoothed values so far.
+    smoothed = [1.0, 0.75, (1.0 + 0.5 + 0.3) / 3, (1.0 + 0.5 + 0.3 + 0.25) / 4]
+    expected = [least_squares_slope(smoothed[: k + 1]) for k in (1, 2, 3)]
+    assert fast.first_slopes == pytest.approx(expected)
     assert fast.tolerance > 10 * slow.tolerance
-    # The same later slope is within the fast module's tolerance and outside the slow one's.
-    slope = (fast.tolerance + slow.tolerance) / 2
-    assert abs(slope) <= fast.tolerance and abs(slope) > slow.tolerance
+    # The same slowly falling readings are stale for the fast module and not for the slow one.
+    drift = [0.2 - 0.002 * i for i in range(12)]
+    fast_later = feed(ModuleWatch.from_state(fast.state_dict()), [0.25] * 4 + drift)
+    slow_later = feed(ModuleWatch.from_state(slow.state_dict()), [0.98] * 4 + [0.98 - 0.002 * i for i in range(12)])
+    assert fast_later[-1].stale > 0
+    assert slow_later[-1].stale == 0
 
 
 def test_a_bump_resets_the_stale_counter():

@@ -84,3 +84,38 @@ def test_reference_does_not_touch_the_training_model():
     reference_for(model, example, "int8")
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+class Untraceable(torch.nn.Module):
+    """A conv block with data-dependent control flow, which FX cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if y.sum() > 0:
+            y = y * 2
+        return y
+
+
+class TwoBlocks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.front = Untraceable()
+        self.head = torch.nn.Linear(4 * 8 * 8, 3)
+
+    def forward(self, x):
+        return self.head(self.front(x).flatten(1))
+
+
+def test_block_that_cannot_be_quantized_falls_back_to_fp32_and_says_why(caplog):
+    model = TwoBlocks()
+    example = (torch.randn(4, 1, 8, 8),)
+    with caplog.at_level("INFO", logger="egeria"):
+        eg, ref, last = reference_for(model, example, "int8")
+    assert ref.kinds["front"] == "fp32"
+    assert "front runs in fp32: static quantization failed" in caplog.text
+    expected = training_activation(model, eg, example, 0)
+    torch.testing.assert_close(ref.activation((example, {}), 0), expected)

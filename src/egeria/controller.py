@@ -96,7 +96,7 @@ class Controller:
             frozen: how many leading modules are frozen now (``ev.module == frozen``).
             skip_hooks: hook ids not to copy into the reference.
         """
-        if ev.module != frozen or ev.module >= len(self.partition) - 1:
+        if ev.module != frozen or ev.module >= self.partition.freezable:
             return None
         if self.reference is None:
             self.reference = ReferenceModel(
@@ -137,7 +137,7 @@ class Controller:
     def frozen_one(self, model: nn.Module, ev: Evaluation) -> None:
         """After module ``ev.module`` froze: watch the next one with a fresh reference."""
         self.watch = None
-        if ev.module + 1 < len(self.partition) - 1:
+        if ev.module + 1 < self.partition.freezable:
             self._refresh(model, ev.module + 1, ev, upto=ev.module + 1)
 
     def restart(self, window: int) -> None:

@@ -19,6 +19,7 @@ on wall-clock time, and take effect only inside :meth:`Egeria.step`.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -110,7 +111,8 @@ class Egeria:
         if len(weighted) < 2:
             raise ValueError(
                 f"the model has a single layer module ({weighted!r}); the head is never frozen, "
-                "so Egeria has nothing to freeze"
+                "so Egeria has nothing to freeze; name the modules with EgeriaConfig.modules (a list of "
+                "submodule names or a regex) if the model wraps its layers"
             )
         self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self._params = dict(model.named_parameters())
@@ -135,6 +137,7 @@ class Egeria:
         self._output_handles: list = []
         self._closed = False
         self._warned_no_loss = False
+        self._partition_error: ValueError | None = None
 
         self._handles = [
             model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True),
@@ -142,6 +145,11 @@ class Egeria:
         ]
         self._trace: ExecutionTrace | None = ExecutionTrace(model, self._blocks)
         if example_inputs is not None:
+            if not isinstance(example_inputs, tuple):
+                raise ValueError(
+                    f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
+                    "write example_inputs=(x,)"
+                )
             self._trace_with(example_inputs)
 
     # -- public view -------------------------------------------------------------
@@ -189,36 +197,30 @@ class Egeria:
         """
         self._check_open()
         partition = self._require_partition("Egeria.step()")
+        loss_value = _checked_loss(loss)
         self.steps += 1
         n = self._eval_interval
         assert n is not None
         decision: Decision | None = None
         if self.stage == "bootstrap":
-            self._record_loss(loss)
+            self._record_loss(loss_value)
             if self.steps % n == 0:
                 self._end_bootstrap_interval()
         captured = self._take_capture()
-        if self.stage == "guided" and captured is not None and self._frozen < len(partition) - 1:
+        if self.stage == "guided" and captured is not None and self._frozen < partition.freezable:
             decision = self._evaluate(captured)
         unfreeze = self._maybe_unfreeze()
         decision = unfreeze or decision
-        self._armed = (self.steps + 1) % n == 0 and self._frozen < len(partition) - 1
+        self._armed = (self.steps + 1) % n == 0 and self._frozen < partition.freezable
         return decision
 
-    def _record_loss(self, loss: Any) -> None:
+    def _record_loss(self, loss: torch.Tensor | float | None) -> None:
         if loss is None:
             if not self._warned_no_loss:
                 logger.warning("Egeria.step() got no loss; bootstrapping cannot end without losses")
                 self._warned_no_loss = True
             return
-        if isinstance(loss, torch.Tensor):
-            if loss.numel() != 1:
-                raise ValueError(f"Egeria.step(loss): loss must be a scalar, got shape {tuple(loss.shape)}")
-            self._losses.append(loss.detach().reshape(()))
-        elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
-            self._losses.append(float(loss))
-        else:
-            raise ValueError(f"Egeria.step(loss): loss must be a tensor or a number, got {type(loss).__name__}")
+        self._losses.append(loss)
 
     def _end_bootstrap_interval(self) -> None:
         values = [float(v) for v in self._losses]  # one device sync per interval
@@ -350,9 +352,15 @@ class Egeria:
         self._trace.remove()
         self._trace = None
         chosen = chosen_modules(self.model, self.config.modules)
-        partition = build_partition(
-            self.model, self._blocks, order, max_modules=self.config.max_modules, user_chosen=chosen
-        )
+        try:
+            partition = build_partition(
+                self.model, self._blocks, order, max_modules=self.config.max_modules, user_chosen=chosen
+            )
+        except ValueError as err:
+            # Raised from step(), not from inside the user's forward pass; training goes on plain.
+            logger.error("Egeria cannot split this model into layer modules: %s", err)
+            self._partition_error = err
+            return
         self._install_partition(partition)
 
     def _install_partition(self, partition: Partition) -> None:
@@ -404,7 +412,7 @@ class Egeria:
             "lr_at_freeze": self._lr_at_freeze,
             "freeze_step": self._freeze_step,
             "bootstrap": self._bootstrap.state_dict(),
-            "losses": [float(v) for v in self._losses],
+            "losses": [v for v in map(float, self._losses) if math.isfinite(v)],
             "events": list(self.events),
             "controller": None if self._controller is None else self._controller.state_dict(self.model),
         }
@@ -419,6 +427,9 @@ class Egeria:
         self._check_open()
         if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"Egeria state format {state.get('format')!r} is not {_STATE_FORMAT}")
+        changed = {k: (v, state["config"].get(k)) for k, v in self.config.to_dict().items() if state["config"].get(k) != v}
+        if changed:
+            logger.warning("Egeria config differs from the saved one (now, saved): %s", changed)
         partition = Partition.from_state(self.model, state["partition"])
         if self._partition is not None:
             if partition.names != self._partition.names:
@@ -445,7 +456,7 @@ class Egeria:
         if state["controller"] is not None:
             self._controller.load_state_dict(state["controller"], self.model, self._hook_ids())
         n = self._eval_interval
-        self._armed = (self.steps + 1) % n == 0 and self._frozen < len(partition) - 1
+        self._armed = (self.steps + 1) % n == 0 and self._frozen < partition.freezable
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -454,12 +465,16 @@ class Egeria:
 
         Args:
             unfreeze: make frozen modules trainable again (default), so the model trains
-                as plain PyTorch afterwards; False keeps them frozen.
+                as plain PyTorch afterwards; False keeps their parameters frozen (their
+                BatchNorm and dropout stay in eval mode until the next ``model.train()``).
         """
         if self._closed:
             return
         if unfreeze and self._partition is not None:
             self._unfreeze_all()
+        for lock in self._locks:  # frozen modules stay in eval mode until the user's next train()
+            lock.release(False)
+        self._locks = []
         for handle in self._handles + self._output_handles:
             handle.remove()
         self._handles, self._output_handles = [], []
@@ -482,12 +497,27 @@ class Egeria:
             raise RuntimeError("this Egeria was closed; create a new one to keep freezing")
 
     def _require_partition(self, what: str) -> Partition:
+        if self._partition_error is not None:
+            raise ValueError(str(self._partition_error)) from self._partition_error
         if self._partition is None:
             raise RuntimeError(
                 f"{what} needs the layer modules, which Egeria learns from the model's first forward "
                 "pass: call it after a forward pass (or pass example_inputs= to Egeria)"
             )
         return self._partition
+
+
+def _checked_loss(loss: Any) -> torch.Tensor | float | None:
+    """The loss as a detached scalar tensor or a float; ValueError for anything else."""
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise ValueError(f"Egeria.step(loss): loss must be a scalar, got shape {tuple(loss.shape)}")
+        return loss.detach().reshape(())
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return float(loss)
+    raise ValueError(f"Egeria.step(loss): loss must be a tensor or a number, got {type(loss).__name__}")
 
 
 def _check_optimizer(model: nn.Module, optimizer: Any) -> None:

@@ -62,9 +62,21 @@ class LayerModule:
 
 @dataclass
 class Partition:
-    """The ordered layer modules of a model; the last one is the head."""
+    """The ordered layer modules of a model; the last one is the head.
+
+    Attributes:
+        modules: the layer modules in execution order.
+        freezable: how many leading modules may ever be frozen. Normally all but the
+            head; fewer when a module uses a parameter that the head owns (a tied
+            embedding): that module and all after it stay trainable.
+    """
 
     modules: list[LayerModule]
+    freezable: int = -1
+
+    def __post_init__(self) -> None:
+        if self.freezable < 0:
+            self.freezable = len(self.modules) - 1
 
     @property
     def names(self) -> list[str]:
@@ -90,7 +102,7 @@ class Partition:
                 raise ValueError(f"saved Egeria partition does not fit this model: no {missing[:5]!r}")
             count = sum(params[p].numel() for p in entry["params"])
             modules.append(LayerModule(entry["name"], list(entry["blocks"]), list(entry["params"]), count))
-        partition = cls(modules)
+        partition = cls(modules, _freezable(model, modules))
         _check_coverage(model, partition)
         return partition
 
@@ -279,13 +291,13 @@ def _canonical_param_names(model: nn.Module) -> dict[int, tuple[str, int]]:
 
 def _group_by_size(blocks: list[str], counts: dict[str, int], max_modules: int) -> list[list[str]]:
     """Merges the smallest group into its smaller neighbour until no group is tiny next to
-    the median and at most ``max_modules`` remain."""
+    the median and at most ``max_modules`` remain, keeping at least two groups."""
     groups = [[b] for b in blocks]
 
     def size(g: list[str]) -> int:
         return sum(counts[b] for b in g)
 
-    while len(groups) > 1:
+    while len(groups) > 2:  # never merge down to a lone head
         sizes = [size(g) for g in groups]
         median = statistics.median(sizes)
         smallest = min(range(len(groups)), key=lambda i: (sizes[i], i))
@@ -354,9 +366,30 @@ def _assemble(
         module = modules[group_of[block]]
         module.params.append(name)
         module.num_params += count
-    partition = Partition(modules)
+    partition = Partition(modules, _freezable(model, modules))
     _check_coverage(model, partition)
     return partition
+
+
+def _freezable(model: nn.Module, modules: list[LayerModule]) -> int:
+    """Leading modules that can freeze. A module whose blocks use a parameter owned by a
+    deeper module (tied embedding and output layer, weights shared across layers) must
+    keep training with that module; the frozen set is a prefix, so the modules after it
+    stay trainable too."""
+    named = dict(model.named_parameters())
+    owner = {id(named[p]): index for index, module in enumerate(modules) for p in module.params}
+    for index, module in enumerate(modules[:-1]):
+        used = {id(p) for b in module.blocks for p in model.get_submodule(b).parameters()}
+        deeper = sorted({owner[u] for u in used if owner.get(u, index) > index})
+        if deeper:
+            logger.warning(
+                "layer module %s shares parameters with %s (tied weights): it and the modules after it "
+                "stay trainable; untie the weights or choose EgeriaConfig.modules to freeze more",
+                module.name,
+                modules[deeper[0]].name,
+            )
+            return index
+    return len(modules) - 1
 
 
 def _group_name(blocks: list[str]) -> str:

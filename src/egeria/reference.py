@@ -284,11 +284,21 @@ def _cpu_snapshot(model: nn.Module, skip_hooks: set[int]) -> nn.Module:
             hooks = getattr(module, attr, None)
             if hooks:
                 memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if k not in skip_hooks)
-    snapshot = copy.deepcopy(model, memo).to("cpu").float().eval()
+    # Tensors go straight to the CPU: no second copy of the model on the training device.
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(_cpu_float(p), requires_grad=False)
+    for b in model.buffers():
+        memo[id(b)] = _cpu_float(b)
+    snapshot = copy.deepcopy(model, memo).eval()
     for p in snapshot.parameters():
         p.requires_grad_(False)
         p.grad = None
     return snapshot
+
+
+def _cpu_float(tensor: torch.Tensor) -> torch.Tensor:
+    copied = tensor.detach().to("cpu", copy=True)
+    return copied.float() if copied.is_floating_point() else copied
 
 
 _HOOK_DICTS = (

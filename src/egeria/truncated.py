@@ -9,8 +9,10 @@ from torch import nn
 __all__ = ["run_until"]
 
 
-class _Stop(Exception):
-    """Carries a block's output out of a forward pass that can end there."""
+class _Stop(BaseException):
+    """Carries a block's output out of a forward pass that can end there.
+
+    A BaseException, so a model's own ``except Exception`` cannot swallow it."""
 
     def __init__(self, output: Any) -> None:
         super().__init__()
