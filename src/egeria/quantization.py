@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from .nested import map_tensors
+
 __all__ = [
     "int8_unavailable",
     "has_layers",
@@ -168,15 +170,7 @@ class CastBlock(nn.Module):
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, tuple):
-        return tuple(_cast(v, dtype) for v in value)
-    if isinstance(value, list):
-        return [_cast(v, dtype) for v in value]
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
-    return value
+    return map_tensors(value, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _eval_copy(block: nn.Module) -> nn.Module:
