@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
-from typing import Sequence, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence, Union
 
 __all__ = ["EgeriaConfig", "PRECISIONS", "ACTIVATION_MODES"]
 
@@ -61,6 +61,11 @@ class EgeriaConfig:
     # statistics or dropout noise. "train": hooked from the training forward pass, as in
     # the paper; no extra compute, but that noise is hundreds of times the int8 error.
     activation_mode: str = "eval"
+    # When to freeze: "egeria" (plasticity against the reference model), or a baseline
+    # from egeria.policies: "freezeout", "autofreeze", "linear", "static", "none".
+    policy: str = "egeria"
+    # Options of a baseline policy, e.g. {"t0": 0.8, "scaling": "cubic"} for "freezeout".
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_optional_positive_int(self, "eval_interval")
@@ -96,12 +101,26 @@ class EgeriaConfig:
                 f"{', '.join(map(repr, ACTIVATION_MODES))}"
             )
         _check_modules(self.modules)
+        from .policies import POLICIES
+
+        if self.policy != "egeria" and self.policy not in POLICIES:
+            raise ValueError(
+                f"EgeriaConfig.policy={self.policy!r} is not one of {['egeria', *POLICIES]!r}"
+            )
+        if not isinstance(self.policy_options, Mapping):
+            raise ValueError(f"EgeriaConfig.policy_options={self.policy_options!r} must be a mapping")
+        if self.policy == "egeria" and self.policy_options:
+            raise ValueError(
+                f"EgeriaConfig.policy_options={dict(self.policy_options)!r} apply to baseline policies; "
+                "configure the 'egeria' policy with the other fields"
+            )
 
     def to_dict(self) -> dict:
         """The config as a JSON-safe dict (``modules`` as a string or a list)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if out["modules"] is not None and not isinstance(out["modules"], str):
             out["modules"] = list(out["modules"])
+        out["policy_options"] = dict(out["policy_options"])
         return out
 
 

@@ -30,6 +30,7 @@ from .config import EgeriaConfig
 from .controller import Controller, Decision, Evaluation
 from .freezing import EvalLock, freeze_parameters, unfreeze_parameters
 from .nested import map_tensors
+from .policies import FreezePolicy, StepInfo, make_policy
 from .partition import ExecutionTrace, Partition, build_partition, chosen_modules, find_blocks, first_tensor
 from .truncated import run_until
 from .unfreezing import CYCLICAL_SCHEDULERS, LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
@@ -64,6 +65,8 @@ class Egeria:
             schedules); called at each step with an :class:`UnfreezeContext`.
         example_inputs: optional positional arguments for one forward pass run now (in eval
             mode, without gradients) to find the layer modules before training starts.
+        policy: a freezing policy object (see :mod:`egeria.policies`) deciding *when* to
+            freeze instead of Egeria's plasticity rule; ``config.policy`` picks one by name.
 
     Raises:
         ValueError: for bad arguments, an optimizer without any of the model's
@@ -80,6 +83,7 @@ class Egeria:
         total_steps: int | None = None,
         unfreeze_rule: UnfreezeRule | None = None,
         example_inputs: tuple | None = None,
+        policy: FreezePolicy | None = None,
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
         if not isinstance(self.config, EgeriaConfig):
@@ -89,11 +93,20 @@ class Egeria:
         _check_optimizer(model, optimizer)
         if total_steps is not None and (not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1):
             raise ValueError(f"total_steps={total_steps!r} must be a positive integer")
-        if self.config.eval_interval is None and total_steps is None:
+        if self.config.eval_interval is None and total_steps is None and policy is None and self.config.policy == "egeria":
             raise ValueError(
                 "EgeriaConfig.eval_interval=None derives n from total_steps, but total_steps=None; "
                 "pass total_steps=len(loader) * epochs or set eval_interval"
             )
+        if policy is not None and self.config.policy != "egeria":
+            raise ValueError(
+                f"pass either policy= or EgeriaConfig.policy={self.config.policy!r}, not both"
+            )
+        if policy is None and self.config.policy != "egeria":
+            policy = make_policy(self.config.policy, **self.config.policy_options)
+        if policy is not None and not isinstance(policy, FreezePolicy):
+            raise ValueError(f"policy={policy!r} lacks the FreezePolicy methods (bind, target, unbind, state_dict)")
+        self.policy: FreezePolicy | None = policy
         self.model = model
         self.optimizer = optimizer
         self.total_steps = total_steps
@@ -129,7 +142,7 @@ class Egeria:
         self._bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
         self._losses: list[Any] = []
         self._controller: Controller | None = None
-        self._armed = self._eval_interval == 1
+        self._armed = self._eval_interval == 1 and self.policy is None
         self._capturing = False
         self._internal_forward = False
         self._captured_batch: tuple | None = None
@@ -199,6 +212,10 @@ class Egeria:
         partition = self._require_partition("Egeria.step()")
         loss_value = _checked_loss(loss)
         self.steps += 1
+        if self.policy is not None:
+            info = StepInfo(self.steps, self.total_steps, self._frozen, partition.freezable, current_lr(self.optimizer))
+            target = self.policy.target(info)
+            return None if target is None else self._move_to(target)
         n = self._eval_interval
         assert n is not None
         decision: Decision | None = None
@@ -280,6 +297,29 @@ class Egeria:
         self._frozen = 0
         self._lr_at_freeze = None
         self._freeze_step = None
+
+    def _move_to(self, target: int) -> Decision | None:
+        """Freezes or unfreezes so that the first ``target`` modules are frozen."""
+        partition = self._require_partition("policy")
+        target = max(0, min(int(target), partition.freezable))
+        if target == self._frozen:
+            return None
+        reason = f"{self.policy.name} policy" if self.policy is not None else ""
+        if target < self._frozen:
+            decision = Decision(self.steps, "unfreeze", tuple(self.frozen), reason)
+            self._unfreeze_all()
+            self._log_event(decision)
+            if target == 0:
+                return decision
+        names = tuple(partition.names[self._frozen : target])
+        freeze = Decision(self.steps, "freeze", names, reason)
+        if self._frozen == 0:
+            self._lr_at_freeze = current_lr(self.optimizer)
+            self._freeze_step = self.steps
+        while self._frozen < target:
+            self._freeze_front_module()
+        self._log_event(freeze)
+        return freeze
 
     def _log_event(self, decision: Decision) -> None:
         self.events.append({"step": decision.step, "action": decision.action, "modules": list(decision.modules)})
@@ -365,14 +405,16 @@ class Egeria:
 
     def _install_partition(self, partition: Partition) -> None:
         self._partition = partition
-        if self._eval_interval is None:
-            assert self.total_steps is not None
+        if self._eval_interval is None and self.total_steps is not None:
             self._eval_interval = derive_eval_interval(self.total_steps, self.config.window, len(partition))
         named = dict(self.model.named_modules())
         self._output_handles = [
             named[m.output_block].register_forward_hook(self._on_block_output(i))
             for i, m in enumerate(partition.modules)
         ]
+        if self.policy is not None:
+            self.stage = "guided"
+            self.policy.bind(self.model, partition)
         self._controller = Controller(
             partition,
             self.config.reference_precision,
@@ -382,7 +424,11 @@ class Egeria:
             threads=self.config.reference_threads,
         )
         logger.info(
-            "Egeria: %d layer modules %s, eval interval n=%d", len(partition), partition.names, self._eval_interval
+            "Egeria: %d layer modules %s, policy %s, eval interval n=%s",
+            len(partition),
+            partition.names,
+            "egeria" if self.policy is None else self.policy.name,
+            self._eval_interval,
         )
 
     def _hook_ids(self) -> list[int]:
@@ -415,6 +461,7 @@ class Egeria:
             "losses": [v for v in map(float, self._losses) if math.isfinite(v)],
             "events": list(self.events),
             "controller": None if self._controller is None else self._controller.state_dict(self.model),
+            "policy": None if self.policy is None else self.policy.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -437,10 +484,12 @@ class Egeria:
             self._unfreeze_all()
             for handle in self._output_handles:
                 handle.remove()
+            if self.policy is not None:
+                self.policy.unbind()
         if self._trace is not None:
             self._trace.remove()
             self._trace = None
-        self._eval_interval = self.config.eval_interval or int(state["eval_interval"])
+        self._eval_interval = self.config.eval_interval or state["eval_interval"]
         self._install_partition(partition)
         self.stage = state["stage"]
         self.steps = int(state["steps"])
@@ -455,8 +504,11 @@ class Egeria:
         assert self._controller is not None
         if state["controller"] is not None:
             self._controller.load_state_dict(state["controller"], self.model, self._hook_ids())
+        if self.policy is not None and state.get("policy") is not None:
+            self.policy.load_state_dict(state["policy"])
         n = self._eval_interval
-        self._armed = (self.steps + 1) % n == 0 and self._frozen < partition.freezable
+        self._armed = self.policy is None and n is not None and (self.steps + 1) % n == 0
+        self._armed = self._armed and self._frozen < partition.freezable
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -483,6 +535,8 @@ class Egeria:
             self._trace = None
         if self._controller is not None:
             self._controller.reference = None
+        if self.policy is not None:
+            self.policy.unbind()
         self._captured_batch = self._captured_activation = None
         self._closed = True
 

@@ -1,0 +1,50 @@
+"""Freezing policies: *when* to freeze; the engine decides *how* (the same for all).
+
+``make_policy(name, **options)`` builds one by name: ``"freezeout"``, ``"autofreeze"``,
+``"linear"``, ``"static"``, ``"none"``. ``"egeria"`` (the default) is the engine's own
+knowledge-guided rule and needs no policy object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .autofreeze import AutoFreeze
+from .base import FreezePolicy, StatelessPolicy, StepInfo
+from .schedules import FreezeOut, LinearSchedule, NoFreezing, StaticFreezing
+
+__all__ = [
+    "FreezePolicy",
+    "StepInfo",
+    "StatelessPolicy",
+    "AutoFreeze",
+    "FreezeOut",
+    "LinearSchedule",
+    "NoFreezing",
+    "StaticFreezing",
+    "POLICIES",
+    "make_policy",
+]
+
+#: Policies by name; "egeria" is built into the engine.
+POLICIES = {
+    "none": NoFreezing,
+    "freezeout": FreezeOut,
+    "autofreeze": AutoFreeze,
+    "linear": LinearSchedule,
+    "static": StaticFreezing,
+}
+
+
+def make_policy(name: str, **options: Any) -> FreezePolicy:
+    """The policy called ``name`` with its options.
+
+    Raises:
+        ValueError: an unknown name or option.
+    """
+    if name not in POLICIES:
+        raise ValueError(f"unknown freezing policy {name!r}; choose one of {['egeria', *POLICIES]}")
+    try:
+        return POLICIES[name](**options)
+    except TypeError as err:
+        raise ValueError(f"bad options for the {name!r} policy: {err}") from None

@@ -1,0 +1,103 @@
+"""AutoFreeze (Liu et al., 2021): freeze the front modules whose gradients stopped changing."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..partition import Partition
+from .base import StepInfo
+
+__all__ = ["AutoFreeze"]
+
+
+@dataclass
+class AutoFreeze:
+    """Every ``interval`` steps, compares each active module's gradient norm with the
+    previous interval's; modules whose relative change is at or below the ``percentile``
+    of the active modules' changes are converged, and the contiguous front run of them
+    freezes.
+
+    The gradient norm of a module is the L2 norm of all its parameters' gradients,
+    accumulated over the interval by hooks that run as each gradient is accumulated
+    (so it works with ``optimizer.zero_grad()`` before or after ``Egeria.step``).
+
+    Args:
+        interval: steps between two decisions (AutoFreeze's evaluation interval).
+        percentile: in (0, 100]; 50 (the median) as in AutoFreeze.
+    """
+
+    interval: int = 100
+    percentile: float = 50.0
+    name: str = "autofreeze"
+    previous: list[float] | None = None
+    _sums: list[torch.Tensor] = field(default_factory=list, repr=False)
+    _handles: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.interval, int) or self.interval < 1:
+            raise ValueError(f"AutoFreeze interval={self.interval!r} must be a positive integer")
+        if not 0 < self.percentile <= 100:
+            raise ValueError(f"AutoFreeze percentile={self.percentile!r} must be in (0, 100]")
+
+    def bind(self, model: nn.Module, partition: Partition) -> None:
+        named = dict(model.named_parameters())
+        self._sums = [torch.zeros((), dtype=torch.float64) for _ in partition.modules]
+        for index, module in enumerate(partition.modules[: partition.freezable]):
+            for name in module.params:
+                param = named[name]
+                if param.requires_grad:
+                    self._handles.append(param.register_post_accumulate_grad_hook(self._adder(index)))
+
+    def _adder(self, index: int):
+        def add(param: torch.Tensor) -> None:
+            if param.grad is not None:
+                squared = param.grad.detach().double().pow(2).sum()
+                self._sums[index] = self._sums[index].to(squared.device) + squared
+
+        return add
+
+    def unbind(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def target(self, info: StepInfo) -> int | None:
+        if info.step % self.interval != 0:
+            return None
+        norms = [math.sqrt(float(s)) for s in self._sums]  # one device sync per interval
+        self._sums = [torch.zeros((), dtype=torch.float64) for _ in self._sums]
+        previous, self.previous = self.previous, norms
+        if previous is None:
+            return None
+        active = range(info.frozen, info.freezable)
+        changes = {i: abs(norms[i] - previous[i]) / previous[i] for i in active if previous[i] > 0}
+        if not changes:
+            return None
+        threshold = _percentile(sorted(changes.values()), self.percentile)
+        target = info.frozen
+        for i in active:
+            if i not in changes or changes[i] > threshold:
+                break
+            target = i + 1
+        return target
+
+    def state_dict(self) -> dict:
+        return {"previous": self.previous, "sums": [float(s) for s in self._sums]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.previous = state["previous"]
+        self._sums = [torch.tensor(v, dtype=torch.float64) for v in state["sums"]]
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` (0-100) of sorted values."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    rank = q / 100 * (len(sorted_values) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)

@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import egeria
+from egeria.policies import AutoFreeze, FreezeOut, LinearSchedule, NoFreezing, StaticFreezing, StepInfo, make_policy
+from tiny import Chain, batches, train
+
+
+def info(step, total=100, frozen=0, freezable=4):
+    return StepInfo(step=step, total_steps=total, frozen=frozen, freezable=freezable, lr=0.1)
+
+
+def test_freezeout_stop_times_follow_the_formula():
+    policy = FreezeOut(t0=0.8, scaling="cubic")
+    assert policy.stop_times(4) == pytest.approx([(0.8 + 0.2 * i / 4) ** 3 for i in range(4)])
+    assert FreezeOut(t0=0.5, scaling="linear").stop_times(2) == pytest.approx([0.5, 0.75])
+    # 0.8^3 = 0.512: nothing frozen at 51% of training, the first module at 52%.
+    assert policy.target(info(51)) == 0
+    assert policy.target(info(52)) == 1
+    assert policy.target(info(100)) == 4 - sum(1 for t in policy.stop_times(4) if t > 1.0)
+
+
+def test_linear_schedule_freezes_at_a_constant_pace_after_start():
+    policy = LinearSchedule(start=0.5, final=1.0)
+    targets = [policy.target(info(s)) for s in range(0, 101, 10)]
+    assert targets[:6] == [0] * 6
+    assert targets == sorted(targets)
+    assert targets[-1] == 4
+    assert LinearSchedule(start=0.0, final=0.5).target(info(100)) == 2
+
+
+def test_static_and_none():
+    policy = StaticFreezing(count=2, at_step=30)
+    assert [policy.target(info(s)) for s in (29, 30, 90)] == [0, 2, 2]
+    assert StaticFreezing(count=9, at_step=0).target(info(1)) == 4  # clamped to the freezable modules
+    assert all(NoFreezing().target(info(s)) == 0 for s in range(1, 100, 7))
+
+
+def test_autofreeze_freezes_the_front_run_at_or_below_the_median_change():
+    policy = AutoFreeze(interval=10, percentile=50)
+    policy._sums = [torch.tensor(v, dtype=torch.float64) for v in (1.0, 1.0, 1.0, 1.0, 1.0)]
+    assert policy.target(info(10)) is None  # the first interval only records norms
+    # Relative changes of the norms: 0.01, 0.02, 0.5, 0.03 -> median 0.025.
+    new = (1.01, 1.02, 1.5, 1.03, 7.0)
+    policy._sums = [torch.tensor(v * v, dtype=torch.float64) for v in new]
+    assert policy.target(info(20)) == 2
+    assert policy.target(info(25)) is None  # not an interval boundary
+
+
+def test_autofreeze_reads_real_gradients_through_hooks():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="autofreeze", policy_options={"interval": 4}))
+    train(model, opt, eg, batches(4, seed=5))
+    assert eg.policy.previous is not None
+    freezable = eg.partition.freezable
+    assert all(v > 0 for v in eg.policy.previous[:freezable])
+    eg.close()
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+
+
+def test_engine_applies_a_policy_with_the_same_mechanics():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    config = egeria.EgeriaConfig(policy="static", policy_options={"count": 2, "at_step": 3})
+    eg = egeria.Egeria(model, opt, config=config)
+    decisions = train(model, opt, eg, batches(3, seed=2))
+    assert [(d.step, d.action, d.modules) for d in decisions] == [(3, "freeze", tuple(eg.modules[:2]))]
+    assert eg.frozen == eg.modules[:2]
+    named = dict(model.named_parameters())
+    frozen = {n: named[n].detach().clone() for m in eg.partition.modules[:2] for n in m.params}
+    train(model, opt, eg, batches(4, seed=3))
+    assert all(torch.equal(named[n], v) for n, v in frozen.items())
+
+
+def test_freezeout_through_the_engine_ends_with_every_freezable_module_frozen_in_order():
+    model = Chain(depth=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = egeria.EgeriaConfig(policy="freezeout", policy_options={"t0": 0.5, "scaling": "linear"})
+    eg = egeria.Egeria(model, opt, config=config, total_steps=40)
+    decisions = train(model, opt, eg, batches(40, seed=4))
+    frozen_order = [name for d in decisions for name in d.modules]
+    assert frozen_order == eg.modules[: eg.partition.freezable]
+    assert decisions[0].step == 20
+
+
+def test_a_users_own_policy_object():
+    class EveryTenSteps:
+        name = "every-ten"
+
+        def bind(self, model, partition):
+            self.bound = True
+
+        def target(self, info):
+            return info.step // 10
+
+        def unbind(self):
+            self.bound = False
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    policy = EveryTenSteps()
+    eg = egeria.Egeria(model, opt, policy=policy)
+    train(model, opt, eg, batches(20, seed=6))
+    assert policy.bound and eg.frozen == eg.modules[:2]
+    eg.close()
+    assert not policy.bound
+
+
+def test_policy_resume_equals_uninterrupted_run():
+    data = batches(3, seed=7) * 12
+
+    def fresh():
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        config = egeria.EgeriaConfig(policy="autofreeze", policy_options={"interval": 3, "percentile": 50})
+        return model, opt, egeria.Egeria(model, opt, config=config)
+
+    model, opt, eg = fresh()
+    first = train(model, opt, eg, data[:13])
+    saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), json.loads(json.dumps(eg.state_dict())))
+    rest = train(model, opt, eg, data[13:])
+    assert first and rest, "the test needs decisions before and after the checkpoint"
+    model2, opt2, eg2 = fresh()
+    model2.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
+    eg2.load_state_dict(saved[2])
+    assert train(model2, opt2, eg2, data[13:]) == rest
+
+
+def test_bad_policy_choices_are_clear_errors():
+    with pytest.raises(ValueError, match=r"EgeriaConfig\.policy='freezeotu'"):
+        egeria.EgeriaConfig(policy="freezeotu")
+    with pytest.raises(ValueError, match="bad options for the 'freezeout' policy"):
+        make_policy("freezeout", t_zero=0.5)
+    with pytest.raises(ValueError, match="scaling='quartic'"):
+        FreezeOut(scaling="quartic")
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="not both"):
+        egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="none"), policy=NoFreezing())
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="linear"))
+    model(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="pass total_steps"):
+        eg.step(torch.tensor(1.0))
