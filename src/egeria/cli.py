@@ -1,4 +1,4 @@
-"""The ``egeria`` command line: ``egeria demo`` (later: ``bench``, ``report``).
+"""The ``egeria`` command line: ``egeria demo``, ``egeria bench``, ``egeria report``.
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and sets
 ``func`` to the function that runs it; :func:`main` parses and dispatches.
@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log Egeria's decisions (INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
+    _add_bench(sub)
+    _add_report(sub)
     return parser
 
 
@@ -56,6 +58,71 @@ def _run_demo(args: argparse.Namespace, command: str) -> int:
         data_root=args.data_root,
         command=command,
     )
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from .bench import POLICY_NAMES, TASKS
+
+    p = sub.add_parser(
+        "bench",
+        help="train one benchmark task under one freezing policy and record it as JSON",
+        description="Trains TASK under POLICY and writes OUT/TASK/POLICY-seedS.json (records of wall time, "
+        "validation metric, frozen modules, FLOPs per step, plasticity) and the trained weights (.pt).",
+    )
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--policy", default="egeria", choices=POLICY_NAMES)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=None, help="override the task's default number of epochs")
+    p.add_argument("--out", default="benchmarks/results/runs", metavar="DIR")
+    p.add_argument("--limit", type=int, default=None, help="first N training samples only (quick runs)")
+    p.add_argument("--eval-limit", type=int, default=None, help="first N validation samples only")
+    p.add_argument("--records-per-epoch", type=int, default=1)
+    p.add_argument("--init", default=None, metavar="PATH", help="checkpoint to start from (finetune-mnist)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace, command: str) -> int:
+    from .bench import run_bench
+
+    result = run_bench(
+        args.task,
+        args.policy,
+        seed=args.seed,
+        epochs=args.epochs,
+        out_dir=args.out,
+        limit=args.limit,
+        eval_limit=args.eval_limit,
+        records_per_epoch=args.records_per_epoch,
+        init=args.init,
+        command=command,
+        progress=not args.no_progress,
+    )
+    final = result["final"]
+    print(
+        f"{args.task} / {args.policy} / seed {args.seed}: {result['metric']['name']} {final['metric']:.4f}, "
+        f"{final['wall_time_s']:.1f} s of training, {final['total_flops']:.3g} FLOPs"
+    )
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="turn benchmark runs into tables and plots",
+        description="Reads run JSON files (or directories of them) and writes report.md, report.json and plots.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--out", default="benchmarks/results", metavar="DIR")
+    p.set_defaults(func=_run_report)
+
+
+def _run_report(args: argparse.Namespace, command: str) -> int:
+    from .bench.report import build_report, load_runs
+
+    build_report(load_runs(args.paths), args.out)
+    print(f"wrote {args.out}/report.md")
     return 0
 
 

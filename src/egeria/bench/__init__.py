@@ -1,0 +1,8 @@
+"""Time-to-accuracy benchmarks: real tasks, every freezing policy, one JSON per run."""
+
+from __future__ import annotations
+
+from .run import POLICY_NAMES, run_bench
+from .tasks import TASKS, build_task
+
+__all__ = ["run_bench", "POLICY_NAMES", "TASKS", "build_task"]

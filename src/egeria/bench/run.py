@@ -1,0 +1,207 @@
+"""One benchmark run: a task trained under one freezing policy, recorded into one JSON.
+
+At a fixed cadence it records training wall time (evaluation excluded), the validation
+metric, the frozen modules, the trainable share of parameters and the FLOPs one training
+step executes with the current frozen set (counted by ``torch.utils.flop_counter`` on the
+first step after every change of the frozen set). Egeria's plasticity readings and every
+freeze/unfreeze event go in too. The schema is documented in ``egeria.bench.report``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import EgeriaConfig
+from ..engine import Egeria
+from .flops import count_flops
+from .tasks import build_task
+
+__all__ = ["run_bench", "machine", "POLICY_NAMES", "FORMAT"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "none")
+
+
+def machine() -> dict:
+    """Where a run happened: platform, CPU model, cores, torch version."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
+
+
+def run_bench(
+    task_name: str,
+    policy: str,
+    *,
+    seed: int = 0,
+    epochs: int | None = None,
+    out_dir: str | Path = "benchmarks/results/runs",
+    limit: int | None = None,
+    eval_limit: int | None = None,
+    records_per_epoch: int = 1,
+    init: str | Path | None = None,
+    config: EgeriaConfig | None = None,
+    command: str | None = None,
+    progress: bool = False,
+) -> dict:
+    """Trains ``task_name`` under ``policy`` and writes ``<out_dir>/<task>/<policy>-seed<seed>.json``.
+
+    The trained weights go next to it as ``.pt`` (the fine-tuning task starts from the
+    ``resnet-fmnist`` weights of the plain run).
+
+    Args:
+        policy: one of :data:`POLICY_NAMES`.
+        epochs: override the task's default number of epochs.
+        limit, eval_limit: first samples of the training / validation data only.
+        records_per_epoch: records (with an evaluation) per epoch.
+        init: checkpoint to start from (``finetune-mnist``); by default the plain
+            ``resnet-fmnist`` run's weights in ``out_dir``.
+        config: Egeria's config for ``policy="egeria"`` (default: the paper's defaults).
+        command: the command line to record.
+
+    Returns:
+        The recorded run (also written as JSON).
+    """
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {list(POLICY_NAMES)}")
+    if not isinstance(records_per_epoch, int) or records_per_epoch < 1:
+        raise ValueError(f"records_per_epoch={records_per_epoch!r} must be a positive integer")
+    out = Path(out_dir)
+    if task_name == "finetune-mnist" and init is None:
+        init = out / "resnet-fmnist" / "none-seed0.pt"
+    task, epochs = build_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
+    total_steps = task.steps_per_epoch * epochs
+    if policy == "egeria":
+        cfg = config or EgeriaConfig()
+    else:
+        cfg = EgeriaConfig(policy=policy, policy_options=task.policy_options[policy])
+    eg = Egeria(task.model, task.optimizer, config=cfg, lr_scheduler=task.scheduler, total_steps=total_steps)
+    record_every = max(1, task.steps_per_epoch // records_per_epoch)
+
+    result: dict[str, Any] = {
+        "format": FORMAT,
+        "task": task_name,
+        "policy": policy,
+        "policy_options": dict(cfg.policy_options),
+        "seed": seed,
+        "epochs": epochs,
+        "command": command or f"egeria bench {task_name} --policy {policy} --seed {seed}",
+        "machine": machine(),
+        "config": cfg.to_dict(),
+        "metric": {"name": task.metric, "higher_is_better": task.higher_is_better},
+        "steps_per_epoch": task.steps_per_epoch,
+        "total_steps": total_steps,
+        "limit": limit,
+        "eval_limit": eval_limit,
+    }
+    records: list[dict] = []
+    wall = 0.0
+    step = 0
+    flops_now: float | None = None
+    measured_for: tuple[str, ...] | None = None
+    total_flops = 0.0
+    losses: list[float] = []
+    bar = _progress(total_steps, f"{task_name}/{policy}", progress)
+    task.model.train()
+    for _epoch in range(epochs):
+        for batch in task.batches():
+            frozen_now = tuple(eg.frozen)
+
+            def train_step() -> torch.Tensor:
+                loss = task.loss(task.model, batch)
+                task.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                return loss
+
+            started = time.perf_counter()
+            if frozen_now != measured_for:
+                holder: list[torch.Tensor] = []
+                flops_now = count_flops(lambda: holder.append(train_step()))
+                measured_for = frozen_now
+                loss = holder[0]
+            else:
+                loss = train_step()
+            task.optimizer.step()
+            task.scheduler.step()
+            eg.step(loss)
+            wall += time.perf_counter() - started
+            step += 1
+            total_flops += flops_now or 0.0
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            if step % record_every == 0 or step == total_steps:
+                records.append(_record(eg, task, step, wall, losses, flops_now))
+                losses = []
+                task.model.train()
+    bar.close()
+    partition = eg.partition
+    total_params = sum(m.num_params for m in partition.modules)
+    result.update(
+        {
+            "modules": partition.names,
+            "module_params": [m.num_params for m in partition.modules],
+            "total_params": total_params,
+            "records": records,
+            "events": list(eg.events),
+            "plasticity": eg.history,
+            "final": {"metric": records[-1]["metric"], "wall_time_s": wall, "total_flops": total_flops},
+        }
+    )
+    eg.close()
+    target = out / task_name / f"{policy}-seed{seed}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(result, indent=1))
+    torch.save(task.model.state_dict(), target.with_suffix(".pt"))
+    logger.info("wrote %s", target)
+    return result
+
+
+def _record(eg: Egeria, task, step: int, wall: float, losses: list[float], flops: float | None) -> dict:
+    task.model.eval()
+    metric = float(task.evaluate(task.model))
+    partition = eg.partition
+    frozen = set(eg.frozen)
+    total = sum(m.num_params for m in partition.modules)
+    trainable = sum(m.num_params for m in partition.modules if m.name not in frozen)
+    finite = [v for v in losses if math.isfinite(v)]
+    return {
+        "step": step,
+        "epoch": step / task.steps_per_epoch,
+        "wall_time_s": wall,
+        "metric": metric,
+        "loss": sum(finite) / len(finite) if finite else None,
+        "frozen": list(eg.frozen),
+        "trainable_share": trainable / total if total else 1.0,
+        "flops_per_step": flops,
+    }
+
+
+def _progress(total: int, label: str, enabled: bool):
+    if enabled:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=label, unit="step")
+
+    class _Silent:
+        def update(self, n: int) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return _Silent()

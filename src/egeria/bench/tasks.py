@@ -1,0 +1,211 @@
+"""The benchmark tasks: real data, CPU-sized, one function each (paper section 6, Table 1).
+
+A task builds the model, optimizer, schedule, training batches and validation metric
+for one seed. ``resnet-fmnist`` trains ResNet-20 on Fashion-MNIST with two 10x
+learning-rate drops; ``transformer-ptb`` trains a 6-block Transformer LM on Penn Treebank
+with an inverse-square-root schedule; ``finetune-mnist`` fine-tunes the ResNet-20 that
+``resnet-fmnist`` produced on the 5,000 MNIST digits with a linear decay.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Task", "TASKS", "build_task"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Task:
+    """One task instance, ready to train.
+
+    Attributes:
+        name: the task's name.
+        model, optimizer, scheduler: what trains (scheduler steps once per optimizer step).
+        batches: a function returning the training batches of one epoch, in the seeded order.
+        steps_per_epoch: optimizer steps per epoch.
+        loss: ``loss(model, batch) -> scalar tensor``.
+        evaluate: ``evaluate(model) -> metric`` on the validation data (model in eval mode).
+        metric: the metric's name; higher_is_better: its direction.
+        default_epochs: epochs of the benchmark run.
+        policy_options: each baseline policy's options for this task.
+    """
+
+    name: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    batches: Callable[[], Iterable[Batch]]
+    steps_per_epoch: int
+    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    evaluate: Callable[[nn.Module], float]
+    metric: str
+    higher_is_better: bool
+    default_epochs: int
+    policy_options: dict
+
+
+def build_task(
+    name: str,
+    *,
+    seed: int = 0,
+    epochs: int | None = None,
+    limit: int | None = None,
+    eval_limit: int | None = None,
+    init: str | Path | None = None,
+) -> tuple[Task, int]:
+    """Builds task ``name`` for ``seed``; returns it with the number of epochs to train.
+
+    Args:
+        limit: use only the first ``limit`` training samples (quick runs and tests).
+        eval_limit: use only the first ``eval_limit`` validation samples.
+        init: checkpoint to start from (``finetune-mnist``: the ResNet-20 trained by
+            ``resnet-fmnist``).
+
+    Raises:
+        ValueError: an unknown task, or a missing checkpoint for fine-tuning.
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
+    return TASKS[name](seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
+
+
+def _loader(dataset, batch_size: int, seed: int) -> Callable[[], Iterable[Batch]]:
+    generator = torch.Generator().manual_seed(seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator)
+    return lambda: loader
+
+
+def _classify(model: nn.Module, batch: Batch) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def _accuracy(test: torch.utils.data.TensorDataset) -> Callable[[nn.Module], float]:
+    @torch.no_grad()
+    def evaluate(model: nn.Module) -> float:
+        x_all, y_all = test.tensors
+        correct = sum(int((model(x).argmax(1) == y).sum()) for x, y in zip(x_all.split(500), y_all.split(500)))
+        return correct / len(y_all)
+
+    return evaluate
+
+
+def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
+    from ..data import load_fashion_mnist
+    from ..models import resnet
+
+    epochs = epochs or 16
+    train = load_fashion_mnist(split="train", limit=limit)
+    test = load_fashion_mnist(split="test", limit=eval_limit)
+    torch.manual_seed(seed)
+    model = resnet(depth=20, in_channels=1, num_classes=10)
+    if init is not None:
+        model.load_state_dict(torch.load(init, map_location="cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    steps = math.ceil(len(train) / 128)
+    total = steps * epochs
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, [total // 2, total * 3 // 4], gamma=0.1)
+    task = Task(
+        "resnet-fmnist", model, opt, sched, _loader(train, 128, seed), steps, _classify, _accuracy(test),
+        "accuracy", True, epochs, _baseline_options(steps, epochs),
+    )
+    return task, epochs
+
+
+def _transformer_ptb(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
+    from ..data import LMWindows, load_ptb
+    from ..models import TransformerLM
+
+    epochs = epochs or 8
+    corpus = load_ptb()
+    train = LMWindows(corpus.train, 35)
+    valid = LMWindows(corpus.valid, 35)
+    if limit is not None:
+        train = torch.utils.data.Subset(train, range(min(limit, len(train))))
+    if eval_limit is not None:
+        valid = torch.utils.data.Subset(valid, range(min(eval_limit, len(valid))))
+    torch.manual_seed(seed)
+    model = TransformerLM(corpus.vocab_size, d_model=128, n_heads=4, n_layers=6, d_ff=512, max_len=64, dropout=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    warmup = 400
+
+    def inverse_sqrt(step: int) -> float:
+        step += 1
+        return min(step / warmup, math.sqrt(warmup / step))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt)
+    steps = math.ceil(len(train) / 32)
+
+    def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        tokens, targets = batch
+        logits = model(tokens)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    @torch.no_grad()
+    def perplexity(model: nn.Module) -> float:
+        loader = torch.utils.data.DataLoader(valid, batch_size=64)
+        total, count = 0.0, 0
+        for tokens, targets in loader:
+            logits = model(tokens)
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"))
+            count += targets.numel()
+        return math.exp(total / count)
+
+    task = Task(
+        "transformer-ptb", model, opt, sched, _loader(train, 32, seed), steps, lm_loss, perplexity,
+        "perplexity", False, epochs, _baseline_options(steps, epochs),
+    )
+    return task, epochs
+
+
+def _finetune_mnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
+    from ..data import load_mnist5k
+    from ..models import resnet
+
+    if init is None or not Path(init).is_file():
+        raise ValueError(
+            f"finetune-mnist starts from the ResNet-20 trained by resnet-fmnist; checkpoint {init!r} not found "
+            "(run `egeria bench resnet-fmnist --policy none` first or pass --init PATH)"
+        )
+    epochs = epochs or 10
+    train = load_mnist5k(split="train", limit=limit)
+    test = load_mnist5k(split="test", limit=eval_limit)
+    torch.manual_seed(seed)
+    model = resnet(depth=20, in_channels=1, num_classes=10)
+    model.load_state_dict(torch.load(init, map_location="cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    steps = math.ceil(len(train) / 128)
+    total = steps * epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+    task = Task(
+        "finetune-mnist", model, opt, sched, _loader(train, 128, seed), steps, _classify, _accuracy(test),
+        "accuracy", True, epochs, _baseline_options(steps, epochs),
+    )
+    return task, epochs
+
+
+def _baseline_options(steps_per_epoch: int, epochs: int) -> dict:
+    """Each baseline at its published default, scaled to the task's length."""
+    return {
+        "freezeout": {"t0": 0.8, "scaling": "cubic"},
+        "autofreeze": {"interval": max(1, steps_per_epoch // 2), "percentile": 50.0},
+        "linear": {"start": 0.5, "final": 1.0},
+        "static": {"count": 2, "at_step": steps_per_epoch * max(1, epochs // 2)},
+        "none": {},
+    }
+
+
+TASKS: dict[str, Callable[..., tuple[Task, int]]] = {
+    "resnet-fmnist": _resnet_fmnist,
+    "transformer-ptb": _transformer_ptb,
+    "finetune-mnist": _finetune_mnist,
+}

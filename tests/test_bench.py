@@ -1,0 +1,48 @@
+"""The benchmark harness on tiny slices of the real tasks (the real runs are benchmarks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from egeria.bench import run_bench
+from egeria.cli import main
+
+
+def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
+    main(["bench", "resnet-fmnist", "--policy", "static", "--epochs", "2", "--limit", "512",
+          "--eval-limit", "300", "--records-per-epoch", "2", "--out", str(tmp_path), "--no-progress"])
+    run = json.loads((tmp_path / "resnet-fmnist" / "static-seed0.json").read_text())
+    assert (tmp_path / "resnet-fmnist" / "static-seed0.pt").is_file()
+    assert run["format"] == 1 and run["metric"] == {"name": "accuracy", "higher_is_better": True}
+    assert run["total_steps"] == 8 and [r["step"] for r in run["records"]] == [2, 4, 6, 8]
+    assert all(0 <= r["metric"] <= 1 and r["wall_time_s"] > 0 for r in run["records"])
+    # static: 2 modules freeze after the first epoch (step 4); the steps after run fewer FLOPs.
+    assert run["events"] == [{"step": 4, "action": "freeze", "modules": run["modules"][:2]}]
+    before, after = run["records"][0]["flops_per_step"], run["records"][-1]["flops_per_step"]
+    assert 0 < after < before
+    assert run["records"][-1]["trainable_share"] < 1.0 == run["records"][0]["trainable_share"]
+    assert run["final"]["total_flops"] == pytest.approx(4 * before + 4 * after)
+
+
+def test_lm_and_finetune_tasks_run(tmp_path):
+    lm = run_bench("transformer-ptb", "egeria", epochs=1, limit=128, eval_limit=32, out_dir=tmp_path)
+    assert lm["metric"]["name"] == "perplexity" and lm["final"]["metric"] > 1
+    assert lm["modules"][0] == "embed"
+    run_bench("resnet-fmnist", "none", epochs=1, limit=128, eval_limit=100, out_dir=tmp_path)
+    tuned = run_bench("finetune-mnist", "freezeout", epochs=1, limit=128, eval_limit=100, out_dir=tmp_path)
+    assert tuned["policy_options"] == {"t0": 0.8, "scaling": "cubic"}
+    assert 0 <= tuned["final"]["metric"] <= 1
+
+
+def test_finetune_needs_the_pretrained_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="run `egeria bench resnet-fmnist --policy none` first"):
+        run_bench("finetune-mnist", "none", epochs=1, limit=64, out_dir=tmp_path)
+
+
+def test_unknown_task_and_policy(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'cifar'"):
+        run_bench("cifar", "none", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown policy 'magic'"):
+        run_bench("resnet-fmnist", "magic", out_dir=tmp_path)

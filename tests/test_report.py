@@ -1,0 +1,276 @@
+"""The benchmark report: TTA against the plain run's converged metric, speedups, seed noise,
+files written, and clear errors on bad input. All runs are synthetic, built here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from egeria.bench.report import NOT_REACHED, build_report, load_runs
+
+MACHINE = {"platform": "Linux-x86_64", "cpu": "test cpu", "cores": 2, "torch": "2.13.0+cpu"}
+OTHER_MACHINE = {**MACHINE, "cpu": "another cpu"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(
+    task: str,
+    policy: str,
+    seed: int,
+    walls: list[float],
+    metrics: list[float | None],
+    total_flops: float,
+    *,
+    final_metric: float | None = None,
+    higher_is_better: bool = True,
+    shares: list[float] | None = None,
+    plasticity: list[dict] | None = None,
+    machine: dict = MACHINE,
+) -> dict:
+    """A format-1 run file with one record per (wall, metric), 10 steps apart."""
+    shares = shares or [1.0] * len(walls)
+    records = [
+        {
+            "step": 10 * (i + 1),
+            "epoch": float(i + 1),
+            "wall_time_s": w,
+            "metric": m,
+            "loss": 1.0,
+            "frozen": [],
+            "trainable_share": s,
+            "flops_per_step": 1.0,
+        }
+        for i, (w, m, s) in enumerate(zip(walls, metrics, shares))
+    ]
+    final = metrics[-1] if final_metric is None else final_metric
+    return {
+        "format": 1,
+        "task": task,
+        "policy": policy,
+        "policy_options": {},
+        "seed": seed,
+        "epochs": len(walls),
+        "command": f"egeria bench {task} --policy {policy} --seed {seed}",
+        "machine": machine,
+        "metric": {"name": "accuracy" if higher_is_better else "perplexity", "higher_is_better": higher_is_better},
+        "modules": ["layer1", "layer2", "fc"],
+        "module_params": [10, 20, 70],
+        "total_params": 100,
+        "steps_per_epoch": 10,
+        "total_steps": 10 * len(walls),
+        "records": records,
+        "events": [],
+        "plasticity": plasticity or [],
+        "final": {"metric": final, "wall_time_s": walls[-1], "total_flops": total_flops},
+    }
+
+
+def _suite() -> list[dict]:
+    acc = "resnet-fmnist"
+    ppl = "transformer-ptb"
+    plasticity = [
+        {"step": s, "module": m, "plasticity": v, "smoothed": v, "slope": None, "tolerance": None, "stale": 0}
+        for s, m, v in [(10, "layer1", 0.5), (20, "layer1", 0.05), (30, "layer1", 0.0),
+                        (10, "layer2", 0.8), (20, "layer2", 0.4), (30, "layer2", 0.2)]
+    ]  # fmt: skip
+    return [
+        # Plain, seed 0: the reference; converged (final) accuracy 0.90, first reached at 40 s.
+        _run(acc, "none", 0, [10, 20, 30, 40], [0.5, 0.7, 0.85, 0.90], 1000.0),
+        # Plain, seed 1: final 0.88, so the seed-to-seed spread is 0.02.
+        _run(acc, "none", 1, [11, 22, 33, 44], [0.5, 0.7, 0.84, 0.88], 1000.0),
+        # Egeria reaches 0.90 first at 24 s (0.91), then ends at 0.905: within seed noise.
+        _run(acc, "egeria", 0, [8, 16, 24, 32], [0.5, 0.72, 0.91, 0.905], 800.0,
+             shares=[1.0, 0.9, 0.7, 0.3], plasticity=plasticity),  # fmt: skip
+        # FreezeOut never reaches 0.90 (0.85 final): not reached, and outside seed noise.
+        _run(acc, "freezeout", 0, [6, 12, 18, 24], [0.5, None, 0.8, 0.85], 500.0, shares=[1.0, 0.8, 0.5, 0.2]),
+        # Perplexity (lower is better): plain converges to 120 at 20 s; one seed only.
+        _run(ppl, "none", 0, [5, 10, 15, 20], [300.0, 200.0, 150.0, 120.0], 2000.0, higher_is_better=False),
+        # Egeria first gets <= 120 at 12 s (119). On another machine.
+        _run(ppl, "egeria", 0, [4, 8, 12, 16], [280.0, 160.0, 119.0, 118.0], 1600.0,
+             higher_is_better=False, machine=OTHER_MACHINE),  # fmt: skip
+    ]
+
+
+def _write(runs: list[dict], root: Path) -> Path:
+    for r in runs:
+        path = root / r["task"] / f"{r['policy']}-seed{r['seed']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(r))
+    return root
+
+
+def _row(report: dict, task: str, policy: str, seed: int) -> dict:
+    rows = [r for r in report["tasks"][task]["rows"] if r["policy"] == policy and r["seed"] == seed]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> tuple[dict, Path]:
+    runs = load_runs([_write(_suite(), tmp_path / "runs")])
+    out = tmp_path / "report"
+    return build_report(runs, out), out
+
+
+def test_load_runs_reads_directories_recursively(tmp_path: Path) -> None:
+    root = _write(_suite(), tmp_path / "runs")
+    runs = load_runs([root, root / "resnet-fmnist" / "egeria-seed0.json"])  # the file twice: read once
+    assert sorted((r["task"], r["policy"], r["seed"]) for r in runs) == sorted(
+        (r["task"], r["policy"], r["seed"]) for r in _suite()
+    )
+    assert all(Path(r["source"]).is_file() for r in runs)
+
+
+def test_target_is_final_metric_of_lowest_plain_seed(report: tuple[dict, Path]) -> None:
+    rep, _ = report
+    acc = rep["tasks"]["resnet-fmnist"]
+    assert acc["target"] == 0.90
+    assert acc["reference"]["seed"] == 0
+    assert rep["tasks"]["transformer-ptb"]["target"] == 120.0
+
+
+def test_tta_is_first_record_reaching_target(report: tuple[dict, Path]) -> None:
+    rep, _ = report
+    plain = _row(rep, "resnet-fmnist", "none", 0)
+    assert plain["reached"] and plain["tta_s"] == 40 and plain["tta_step"] == 40  # equal counts as reached
+    assert plain["tta_speedup"] == pytest.approx(1.0)
+    egeria = _row(rep, "resnet-fmnist", "egeria", 0)
+    assert egeria["tta_s"] == 24 and egeria["tta_step"] == 30  # 0.91 at 24 s, not the later 0.905
+    assert egeria["tta_speedup"] == pytest.approx(40 / 24)
+
+
+def test_lower_is_better_metric(report: tuple[dict, Path]) -> None:
+    rep, _ = report
+    egeria = _row(rep, "transformer-ptb", "egeria", 0)
+    assert egeria["tta_s"] == 12  # 119 <= 120; with >= it would be 4 s (280)
+    assert egeria["tta_speedup"] == pytest.approx(20 / 12)
+    assert egeria["ideal_speedup"] == pytest.approx(2000 / 1600)
+
+
+def test_not_reached_has_no_invented_numbers(report: tuple[dict, Path]) -> None:
+    rep, out = report
+    for policy, seed in [("freezeout", 0), ("none", 1)]:  # 0.85 and 0.88 < 0.90
+        row = _row(rep, "resnet-fmnist", policy, seed)
+        assert not row["reached"]
+        assert row["tta_s"] is None and row["tta_speedup"] is None and row["efficiency"] is None
+    md = (out / "report.md").read_text()
+    freezeout_line = next(line for line in md.splitlines() if line.startswith("| freezeout | 0 |"))
+    assert NOT_REACHED in freezeout_line
+    egeria_line = next(line for line in md.splitlines() if line.startswith("| egeria | 0 | 0.905 |"))
+    assert NOT_REACHED not in egeria_line and "24.0" in egeria_line and "1.67x" in egeria_line
+
+
+def test_ideal_speedup_and_efficiency(report: tuple[dict, Path]) -> None:
+    rep, _ = report
+    egeria = _row(rep, "resnet-fmnist", "egeria", 0)
+    assert egeria["ideal_speedup"] == pytest.approx(1000 / 800)
+    assert egeria["efficiency"] == pytest.approx((40 / 24) / (1000 / 800))
+    freezeout = _row(rep, "resnet-fmnist", "freezeout", 0)
+    assert freezeout["ideal_speedup"] == pytest.approx(2.0)  # FLOPs saved even without reaching
+    ptb = _row(rep, "transformer-ptb", "egeria", 0)
+    assert ptb["efficiency"] == pytest.approx((20 / 12) / (2000 / 1600))
+
+
+def test_seed_noise_statements(report: tuple[dict, Path]) -> None:
+    rep, out = report
+    acc = rep["tasks"]["resnet-fmnist"]
+    assert acc["seed_spread"] == pytest.approx(0.02)
+    noise = {(n["policy"], n["seed"]): n for n in acc["seed_noise"]}
+    assert set(noise) == {("egeria", 0), ("freezeout", 0)}
+    assert noise["egeria", 0]["abs_diff"] == pytest.approx(0.005) and noise["egeria", 0]["within_noise"] is True
+    assert noise["freezeout", 0]["abs_diff"] == pytest.approx(0.05) and noise["freezeout", 0]["within_noise"] is False
+    ptb = rep["tasks"]["transformer-ptb"]
+    assert ptb["seed_spread"] is None and ptb["seed_noise"][0]["within_noise"] is None
+
+    md = (out / "report.md").read_text()
+    acc_md, ptb_md = md.split("## resnet-fmnist")[1].split("## transformer-ptb")
+    egeria_line = next(line for line in acc_md.splitlines() if line.startswith("- egeria seed 0"))
+    assert "within seed noise" in egeria_line
+    freezeout_line = next(line for line in acc_md.splitlines() if line.startswith("- freezeout seed 0"))
+    assert "larger than seed noise" in freezeout_line
+    assert "spread unknown" in ptb_md and "within seed noise" not in ptb_md
+
+
+def test_files_written(report: tuple[dict, Path]) -> None:
+    rep, out = report
+    for name in ["resnet-fmnist-metric-vs-time.png", "resnet-fmnist-trainable-share.png",
+                 "resnet-fmnist-plasticity.png", "transformer-ptb-metric-vs-time.png",
+                 "transformer-ptb-trainable-share.png"]:  # fmt: skip
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    assert not (out / "transformer-ptb-plasticity.png").exists()  # no plasticity data there
+    md = (out / "report.md").read_text()
+    assert "](resnet-fmnist-plasticity.png)" in md and "](transformer-ptb-metric-vs-time.png)" in md
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(rep))
+
+
+def test_machines_reported(report: tuple[dict, Path]) -> None:
+    rep, out = report
+    assert len(rep["machines"]) == 2
+    assert rep["tasks"]["resnet-fmnist"]["same_machine"] and not rep["tasks"]["transformer-ptb"]["same_machine"]
+    md = (out / "report.md").read_text()
+    assert "2 different machines" in md and "another cpu" in md
+
+
+def test_single_machine_line(tmp_path: Path) -> None:
+    runs = [r for r in _suite() if r["task"] == "resnet-fmnist"]
+    build_report(runs, tmp_path, plots=False)
+    md = (tmp_path / "report.md").read_text()
+    assert "Machine: platform: Linux-x86_64, cpu: test cpu, cores: 2, torch: 2.13.0+cpu." in md and "different machines" not in md
+
+
+def test_final_evaluation_counts_when_records_lack_it(tmp_path: Path) -> None:
+    plain = _run("t", "none", 0, [10, 20], [0.5, 0.8], 100.0, final_metric=0.9)
+    late = _run("t", "egeria", 0, [8, 16], [0.5, 0.8], 80.0, final_metric=0.95)
+    rep = build_report([plain, late], tmp_path, plots=False)
+    assert _row(rep, "t", "none", 0)["tta_s"] == 20 and _row(rep, "t", "egeria", 0)["tta_s"] == 16
+
+
+def test_rereading_output_dir_skips_report_json(tmp_path: Path) -> None:
+    root = _write(_suite(), tmp_path)
+    build_report(load_runs([root]), root / "report", plots=False)
+    assert len(load_runs([root])) == len(_suite())
+
+
+def test_other_format_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_suite()[0], "format": 2}))
+    with pytest.raises(ValueError, match=r"bad\.json.*format"):
+        load_runs([bad])
+    with pytest.raises(ValueError, match=r"bad\.json.*format"):  # also when found in a directory
+        load_runs([tmp_path])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match=r"other\.json.*format"):  # a named file must be a run
+        load_runs([other])
+
+
+def test_empty_directory_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no run files"):
+        load_runs([tmp_path / "empty"])
+    with pytest.raises(ValueError, match="neither a file nor a directory"):
+        load_runs([tmp_path / "missing"])
+    with pytest.raises(ValueError, match="no runs"):
+        build_report([], tmp_path / "out")
+
+
+def test_broken_and_incomplete_files_are_rejected(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"format": 1, ')
+    with pytest.raises(ValueError, match=r"broken\.json.*not valid JSON"):
+        load_runs([broken])
+    partial = tmp_path / "partial.json"
+    run = _suite()[0]
+    del run["final"]
+    partial.write_text(json.dumps(run))
+    with pytest.raises(ValueError, match=r"partial\.json.*final"):
+        load_runs([partial])
+
+
+def test_duplicate_runs_are_rejected(tmp_path: Path) -> None:
+    a = _write(_suite()[:1], tmp_path / "a")
+    b = _write(_suite()[:1], tmp_path / "b")
+    with pytest.raises(ValueError, match="two runs of policy 'none' seed 0"):
+        build_report(load_runs([a, b]), tmp_path / "out", plots=False)
