@@ -103,7 +103,7 @@ def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]
     from ..data import load_fashion_mnist
     from ..models import resnet
 
-    epochs = epochs or 16
+    epochs = epochs or 12
     train = load_fashion_mnist(split="train", limit=limit)
     test = load_fashion_mnist(split="test", limit=eval_limit)
     torch.manual_seed(seed)
