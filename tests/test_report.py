@@ -267,6 +267,12 @@ def test_broken_and_incomplete_files_are_rejected(tmp_path: Path) -> None:
     partial.write_text(json.dumps(run))
     with pytest.raises(ValueError, match=r"partial\.json.*final"):
         load_runs([partial])
+    no_final_metric = tmp_path / "no_final_metric.json"
+    run = _suite()[0]
+    run["final"]["metric"] = None
+    no_final_metric.write_text(json.dumps(run))
+    with pytest.raises(ValueError, match=r"no_final_metric\.json.*final\.metric must be a number"):
+        load_runs([no_final_metric])
 
 
 def test_duplicate_runs_are_rejected(tmp_path: Path) -> None:

@@ -128,6 +128,10 @@ def _check_run(run: Any, where: str) -> None:
         raise ValueError(f"{where}: run file lacks {', '.join(missing)}")
     if not isinstance(run["final"], dict) or any(k not in run["final"] for k in _REQUIRED_FINAL):
         raise ValueError(f"{where}: 'final' must hold {', '.join(_REQUIRED_FINAL)}")
+    for key in _REQUIRED_FINAL:
+        value = run["final"][key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: final.{key} must be a number, got {value!r}")
     metric = run["metric"]
     if not isinstance(metric, dict) or "name" not in metric or "higher_is_better" not in metric:
         raise ValueError(f"{where}: 'metric' must hold name and higher_is_better, got {metric!r}")
