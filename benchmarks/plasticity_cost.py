@@ -41,7 +41,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -59,6 +58,7 @@ from torch import nn  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
+from egeria.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, resnet  # noqa: E402
 from egeria.partition import Partition, first_tensor  # noqa: E402
 from egeria.reference import Batch, ReferenceModel  # noqa: E402
@@ -367,33 +367,6 @@ class CpuMeter:
 # -- reporting -----------------------------------------------------------------------
 
 
-def machine() -> dict:
-    cpu = "unknown"
-    flags: list[str] = []
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name") and cpu == "unknown":
-                    cpu = line.split(":", 1)[1].strip()
-                if line.startswith("flags") and not flags:
-                    have = set(line.split(":", 1)[1].split())
-                    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-                    flags = [f for f in wanted if f in have]
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": cpu,
-        "cpu_flags": flags,
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "quantized_engines": list(torch.backends.quantized.supported_engines),
-    }
-
-
 def table(result: dict) -> str:
     head = (
         f"{'prec':<5} {'thr':>3} {'module':<18} {'front':>6} {'ref fwd':>7} {'SP':>6} {'eval':>7} {'fp32 fwd':>8} "
@@ -449,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(TRAIN_THREADS)
     command = " ".join([os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable, *sys.argv])
-    info = machine()
+    info = describe_machine()
     print(f"command: {command}")
     print(
         f"machine: {info['platform']}; CPU {info['cpu']} ({', '.join(info['cpu_flags'])}); "

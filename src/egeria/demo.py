@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +28,7 @@ from torch import nn
 
 from .config import EgeriaConfig
 from .engine import Egeria
+from .machine import describe_machine
 
 __all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "demo_eval_interval", "format_report"]
 
@@ -110,7 +109,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     if command is None:
         command = f"python -c 'import egeria.demo as d; d.run_demo(out_dir={str(out)!r}, seed={seed})'"
-    machine = _machine()
+    machine = describe_machine()
     _echo(stream, f"command: {command}")
     _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
 
@@ -434,17 +433,6 @@ def _plot(result: dict, path: Path) -> None:
     bottom.grid(alpha=0.3)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
 
 
 def _check_settings(s: DemoSettings) -> None:

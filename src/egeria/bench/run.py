@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -22,26 +20,16 @@ import torch
 
 from ..config import EgeriaConfig
 from ..engine import Egeria
+from ..machine import describe_machine
 from .flops import count_flops
 from .tasks import build_task
 
-__all__ = ["run_bench", "machine", "POLICY_NAMES", "FORMAT"]
+__all__ = ["run_bench", "POLICY_NAMES", "FORMAT"]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
 POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "none")
-
-
-def machine() -> dict:
-    """Where a run happened: platform, CPU model, cores, torch version."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
 
 
 def run_bench(
@@ -101,7 +89,7 @@ def run_bench(
         "seed": seed,
         "epochs": epochs,
         "command": command or f"egeria bench {task_name} --policy {policy} --seed {seed}",
-        "machine": machine(),
+        "machine": describe_machine(),
         "config": cfg.to_dict(),
         "metric": {"name": task.metric, "higher_is_better": task.higher_is_better},
         "steps_per_epoch": task.steps_per_epoch,
