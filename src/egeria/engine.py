@@ -18,9 +18,10 @@ on wall-clock time, and take effect only inside :meth:`Egeria.step`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -142,7 +143,7 @@ class Egeria:
         self._bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
         self._losses: list[Any] = []
         self._controller: Controller | None = None
-        self._armed = self._eval_interval == 1 and self.policy is None
+        self._armed = False  # set by _arm_next once the layer modules are known
         self._capturing = False
         self._internal_forward = False
         self._captured_batch: tuple | None = None
@@ -228,8 +229,20 @@ class Egeria:
             decision = self._evaluate(captured)
         unfreeze = self._maybe_unfreeze()
         decision = unfreeze or decision
-        self._armed = (self.steps + 1) % n == 0 and self._frozen < partition.freezable
+        self._arm_next()
         return decision
+
+    def _arm_next(self) -> None:
+        """Capture the next step's batch when that step evaluates plasticity (or ends a
+        bootstrap interval) and a module is left to watch."""
+        n = self._eval_interval
+        self._armed = (
+            self.policy is None
+            and n is not None
+            and (self.steps + 1) % n == 0
+            and self._partition is not None
+            and self._frozen < self._partition.freezable
+        )
 
     def _record_loss(self, loss: torch.Tensor | float | None) -> None:
         if loss is None:
@@ -258,13 +271,13 @@ class Egeria:
         return decision
 
     def _freeze_next(self, decision: Decision) -> None:
-        if self._frozen == 0:
-            self._lr_at_freeze = current_lr(self.optimizer)
-            self._freeze_step = self.steps
         self._freeze_front_module()
         self._log_event(decision)
 
     def _freeze_front_module(self) -> None:
+        if self._frozen == 0:  # the unfreeze rule measures the LR drop from here
+            self._lr_at_freeze = current_lr(self.optimizer)
+            self._freeze_step = self.steps
         module = self._require_partition("freeze").modules[self._frozen]
         freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
         self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
@@ -313,9 +326,6 @@ class Egeria:
                 return decision
         names = tuple(partition.names[self._frozen : target])
         freeze = Decision(self.steps, "freeze", names, reason)
-        if self._frozen == 0:
-            self._lr_at_freeze = current_lr(self.optimizer)
-            self._freeze_step = self.steps
         while self._frozen < target:
             self._freeze_front_module()
         self._log_event(freeze)
@@ -365,26 +375,28 @@ class Egeria:
     def _front_activation(self, batch: tuple) -> torch.Tensor | None:
         """The watched module's output for ``batch``, in eval mode, without gradients."""
         block = self._require_partition("evaluation").modules[self._frozen].output_block
+        with self._internal_eval_forward():
+            tensor = first_tensor(run_until(self.model, block, batch[0], batch[1]))
+        return None if tensor is None else _cpu_copy(tensor)
+
+    def _trace_with(self, example_inputs: tuple) -> None:
+        with self._internal_eval_forward():
+            self.model(*example_inputs)
+
+    @contextlib.contextmanager
+    def _internal_eval_forward(self) -> Iterator[None]:
+        """Egeria's own forward passes: eval mode, no gradients, no capture; every
+        submodule's training flag is restored after, as the user had set it."""
         flags = [(m, m.training) for m in self.model.modules()]
         self._internal_forward = True
         try:
             self.model.eval()
             with torch.no_grad():
-                tensor = first_tensor(run_until(self.model, block, batch[0], batch[1]))
+                yield
         finally:
             for m, flag in flags:
                 m.training = flag
             self._internal_forward = False
-        return None if tensor is None else _cpu_copy(tensor)
-
-    def _trace_with(self, example_inputs: tuple) -> None:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                self.model(*example_inputs)
-        finally:
-            self.model.train(was_training)
 
     def _finish_trace(self) -> None:
         assert self._trace is not None
@@ -408,9 +420,11 @@ class Egeria:
         if self._eval_interval is None and self.total_steps is not None:
             self._eval_interval = derive_eval_interval(self.total_steps, self.config.window, len(partition))
         named = dict(self.model.named_modules())
+        hooked = self.policy is None and self.config.activation_mode == "train"
         self._output_handles = [
             named[m.output_block].register_forward_hook(self._on_block_output(i))
-            for i, m in enumerate(partition.modules)
+            for i, m in enumerate(partition.modules[: partition.freezable])
+            if hooked
         ]
         if self.policy is not None:
             self.stage = "guided"
@@ -430,6 +444,7 @@ class Egeria:
             "egeria" if self.policy is None else self.policy.name,
             self._eval_interval,
         )
+        self._arm_next()
 
     def _hook_ids(self) -> list[int]:
         handles = self._handles + self._output_handles
@@ -506,9 +521,7 @@ class Egeria:
             self._controller.load_state_dict(state["controller"], self.model, self._hook_ids())
         if self.policy is not None and state.get("policy") is not None:
             self.policy.load_state_dict(state["policy"])
-        n = self._eval_interval
-        self._armed = self.policy is None and n is not None and (self.steps + 1) % n == 0
-        self._armed = self._armed and self._frozen < partition.freezable
+        self._arm_next()
 
     # -- life cycle ----------------------------------------------------------------
 
