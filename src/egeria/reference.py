@@ -66,14 +66,17 @@ class ReferenceModel:
         self.threads = threads
         self._partition = partition
         self._float = _cpu_snapshot(model, set(skip_hooks))
-        self._blocks = [b for m in partition.modules for b in m.blocks]
-        self._loose = _loose_state_names(model, self._blocks)
+        self._loose = _loose_state_names(model, self._blocks_of(range(len(partition))))
         self._built: dict[str, nn.Module] = {}
         self._observers: dict[str, dict[str, list[float]]] = {}
         self._input_specs: dict[str, list[list]] = {}
         self.kinds: dict[str, str] = {}
         self._final: set[int] = set()
         self.upto = -1
+
+    def _blocks_of(self, modules: Sequence[int]) -> list[str]:
+        """The blocks of the layer modules at indices ``modules``, in order."""
+        return [b for j in modules for b in self._partition.modules[j].blocks]
 
     # -- refresh -----------------------------------------------------------------
 
@@ -88,7 +91,7 @@ class ReferenceModel:
             calibration: one real batch, used to calibrate static int8 blocks.
         """
         targets = [j for j in range(upto + 1) if j not in self._final]
-        target_blocks = [b for j in targets for b in self._partition.modules[j].blocks]
+        target_blocks = self._blocks_of(targets)
         with self._threads():
             self._copy_from(model, target_blocks)
         for block in target_blocks:
@@ -226,7 +229,7 @@ class ReferenceModel:
         """JSON-safe state: the snapshot's tensors that differ from ``model`` now, and the
         int8 calibration, enough to rebuild this exact reference from ``model`` later."""
         live = model.state_dict()
-        upto_blocks = [b for j in range(self.upto + 1) for b in self._partition.modules[j].blocks]
+        upto_blocks = self._blocks_of(range(self.upto + 1))
         keys = [k for k in self._float.state_dict() if _under(k, upto_blocks) or k in self._loose]
         own = self._float.state_dict()
         changed = {k: encode_tensor(own[k]) for k in keys if not torch.equal(own[k], live[k].detach().cpu())}
@@ -256,7 +259,7 @@ class ReferenceModel:
         self._built.clear()
         self._input_specs = {b: v for b, v in state["input_specs"].items()}
         self.upto = int(state["upto"])
-        blocks = [b for j in range(self.upto + 1) for b in self._partition.modules[j].blocks]
+        blocks = self._blocks_of(range(self.upto + 1))
         kinds = state["kinds"]
         with self._threads():
             for block in blocks:

@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["RUN_FORMAT", "REPORT_FORMAT", "load_runs", "build_report"]
 
@@ -274,6 +274,25 @@ def _new_figure(nrows: int = 1, height: float = 4.0):
     return fig
 
 
+def _plot_records(ax: Any, runs: list[dict], x: str, y: Callable[[dict], float | None], **style: Any) -> None:
+    """One line per run through its records' (``rec[x]``, ``y(rec)``) points."""
+    for r in runs:
+        pts = [(rec[x], y(rec)) for rec in r["records"] if rec.get(x) is not None and y(rec) is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, label=f"{_label(r)} seed {r['seed']}", **style)
+
+
+def _trainable_percent(rec: dict) -> float | None:
+    share = rec.get("trainable_share")
+    return None if share is None else 100.0 * share
+
+
+def _save(fig: Any, out: Path, name: str) -> str:
+    fig.savefig(out / name, dpi=110, bbox_inches="tight")
+    return name
+
+
 def _plot_task(task: str, runs: list[dict], data: dict, out: Path) -> dict[str, str]:
     """Write the task's PNGs (lazy matplotlib, Agg canvas; no pyplot state); return names."""
     files: dict[str, str] = {}
@@ -282,11 +301,7 @@ def _plot_task(task: str, runs: list[dict], data: dict, out: Path) -> dict[str, 
     # Figure 8: metric against wall time, with the target dotted.
     fig = _new_figure()
     ax = fig.add_subplot(1, 1, 1)
-    for r in ordered:
-        pts = [(rec["wall_time_s"], rec["metric"]) for rec in r["records"] if rec.get("metric") is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker=".", label=f"{_label(r)} seed {r['seed']}")
+    _plot_records(ax, ordered, "wall_time_s", lambda rec: rec.get("metric"), marker=".")
     if data["target"] is not None:
         ax.axhline(data["target"], linestyle=":", color="black", label="target")
     ax.set_xlabel("training wall time (s)")
@@ -294,28 +309,19 @@ def _plot_task(task: str, runs: list[dict], data: dict, out: Path) -> dict[str, 
     ax.set_title(f"{task}: {data['metric']['name']} vs wall time")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
-    name = f"{task}-metric-vs-time.png"
-    fig.savefig(out / name, dpi=110, bbox_inches="tight")
-    files["metric_vs_time"] = name
+    files["metric_vs_time"] = _save(fig, out, f"{task}-metric-vs-time.png")
 
     # Figure 11: share of parameters trainable over steps.
     fig = _new_figure()
     ax = fig.add_subplot(1, 1, 1)
-    for r in ordered:
-        pts = [(rec["step"], 100.0 * rec["trainable_share"]) for rec in r["records"]
-               if rec.get("trainable_share") is not None and rec.get("step") is not None]  # fmt: skip
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, drawstyle="steps-post", label=f"{_label(r)} seed {r['seed']}")
+    _plot_records(ax, ordered, "step", _trainable_percent, drawstyle="steps-post")
     ax.set_xlabel("training step")
     ax.set_ylabel("trainable parameters (%)")
     ax.set_ylim(0, 105)
     ax.set_title(f"{task}: trainable parameter share")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
-    name = f"{task}-trainable-share.png"
-    fig.savefig(out / name, dpi=110, bbox_inches="tight")
-    files["trainable_share"] = name
+    files["trainable_share"] = _save(fig, out, f"{task}-trainable-share.png")
 
     # Figure 4: plasticity per module, log scale, one panel per run that has readings.
     with_plasticity = [r for r in ordered if r.get("plasticity")]
@@ -339,9 +345,7 @@ def _plot_task(task: str, runs: list[dict], data: dict, out: Path) -> dict[str, 
             if by_module:
                 ax.legend(fontsize="x-small", ncol=2)
             ax.grid(alpha=0.3, which="both")
-        name = f"{task}-plasticity.png"
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
-        files["plasticity"] = name
+        files["plasticity"] = _save(fig, out, f"{task}-plasticity.png")
     return files
 
 
