@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
@@ -8,7 +7,7 @@ import torch
 from torch import nn
 
 import egeria
-from tiny import Chain, batches, quick_config, tiny_cnn, train
+from tiny import Chain, batches, checkpointed, quick_config, tiny_cnn, train
 
 
 def make(model_fn=Chain, lr=1e-4, optimizer="sgd", **config):
@@ -140,20 +139,6 @@ def test_user_unfreeze_rule_replaces_the_lr_rule():
     decisions = train(model, opt, eg, batches(1) * 5)
     assert [d.action for d in decisions][-1] == "unfreeze"
     assert calls and calls[-1].frozen
-
-
-def checkpointed(model, opt, eg):
-    return (
-        {k: v.clone() for k, v in model.state_dict().items()},
-        _clone_opt(opt.state_dict()),
-        json.loads(json.dumps(eg.state_dict())),
-    )
-
-
-def _clone_opt(state):
-    import copy
-
-    return copy.deepcopy(state)
 
 
 @pytest.mark.parametrize(

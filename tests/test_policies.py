@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 import egeria
 from egeria.policies import AutoFreeze, FreezeOut, LinearSchedule, NoFreezing, StaticFreezing, StepInfo, make_policy
-from tiny import Chain, batches, train
+from tiny import Chain, batches, checkpointed, train
 
 
 def info(step, total=100, frozen=0, freezable=4):
@@ -129,7 +127,7 @@ def test_policy_resume_equals_uninterrupted_run():
 
     model, opt, eg = fresh()
     first = train(model, opt, eg, data[:13])
-    saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), json.loads(json.dumps(eg.state_dict())))
+    saved = checkpointed(model, opt, eg)
     rest = train(model, opt, eg, data[13:])
     assert first and rest, "the test needs decisions before and after the checkpoint"
     model2, opt2, eg2 = fresh()

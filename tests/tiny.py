@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 from typing import Callable
 
 import torch
@@ -81,3 +84,13 @@ def quick_config(**overrides) -> egeria.EgeriaConfig:
     settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5)
     settings.update(overrides)
     return egeria.EgeriaConfig(**settings)
+
+
+def checkpointed(model: nn.Module, optimizer: torch.optim.Optimizer, eg: egeria.Egeria) -> tuple:
+    """A checkpoint as a user would save it: model and optimizer state, Egeria's state
+    through a JSON round trip."""
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        copy.deepcopy(optimizer.state_dict()),
+        json.loads(json.dumps(eg.state_dict())),
+    )
