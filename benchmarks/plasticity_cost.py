@@ -263,7 +263,7 @@ def measure(work: Workload, reps: int, warmup: int, refresh_reps: int) -> dict:
             samples = []
             for _ in range(refresh_reps):
                 start = time.perf_counter()
-                ref.refresh(work.model, 0, last, calibration)
+                ref.refresh(work.model.state_dict(), 0, last, calibration)
                 samples.append(time.perf_counter() - start)
             kinds: dict[str, int] = {}
             for kind in ref.kinds.values():
@@ -282,9 +282,9 @@ def measure(work: Workload, reps: int, warmup: int, refresh_reps: int) -> dict:
         for precision in PRECISIONS:
             ref = ReferenceModel(work.model, partition, precision, threads=t)
             for j in indices:
-                ref.refresh(work.model, j, j, calibration)  # converts modules up to j once
+                ref.refresh(work.model.state_dict(), j, j, calibration)  # converts modules up to j once
                 watched_refresh[(precision, t, j)] = median_s(
-                    lambda: ref.refresh(work.model, j, j, calibration), refresh_reps, 0
+                    lambda: ref.refresh(work.model.state_dict(), j, j, calibration), refresh_reps, 0
                 )
 
     # The training model's eval-mode front forward up to each watched module, on the

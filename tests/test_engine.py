@@ -68,11 +68,10 @@ def test_evaluation_forward_leaves_training_flags_and_batchnorm_stats_alone():
     train(model, opt, eg, data * 3)  # guided from step 2: evaluation forwards at each step
     flags = {name: m.training for name, m in model.named_modules()}
     stats = model.stem[1].running_mean.clone()
-    captured = eg._take_capture()
-    assert captured is None  # nothing armed outside a step
+    assert eg._captured_batch is None  # nothing captured outside a step
     model(data[0][0])  # the armed forward of the next step
     after_forward = model.stem[1].running_mean.clone()
-    eg.step(torch.tensor(1.0))  # runs the eval-mode front forward
+    eg.step(torch.tensor(1.0))  # the controller's eval-mode front forward runs on its copy
     assert {name: m.training for name, m in model.named_modules()} == flags
     assert torch.equal(model.stem[1].running_mean, after_forward)
     assert not torch.equal(after_forward, stats)  # the training forward itself did update them

@@ -11,7 +11,7 @@ from tiny import Chain
 
 def partition_of(model, example, **config):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10, **config), example_inputs=example)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10, executor="inline", **config), example_inputs=example)
     return eg, eg.partition
 
 

@@ -20,7 +20,7 @@ def run(train_ds, test_ds, use_egeria: bool):
         train_ds, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(0)
     )
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(0.8 * EPOCHS * len(loader))], 0.1)
-    config = egeria.EgeriaConfig(eval_interval=3, window=5)
+    config = egeria.EgeriaConfig(eval_interval=3, window=5, executor="inline")
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched) if use_egeria else None
     for _ in range(EPOCHS):
         model.train()

@@ -11,11 +11,11 @@ from egeria.reference import ReferenceModel
 def reference_for(model, example, precision):
     model.eval()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10), example_inputs=example)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10, executor="inline"), example_inputs=example)
     ref = ReferenceModel(model, eg.partition, precision)
     last = len(eg.partition) - 2
     batch = (example, {})
-    ref.refresh(model, 0, last, batch)
+    ref.refresh(model.state_dict(), 0, last, batch)
     return eg, ref, last
 
 

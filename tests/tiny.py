@@ -81,7 +81,7 @@ def train(
 
 def quick_config(**overrides) -> egeria.EgeriaConfig:
     """Evaluate every step with a short window so decisions come within tens of steps."""
-    settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5)
+    settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline")
     settings.update(overrides)
     return egeria.EgeriaConfig(**settings)
 

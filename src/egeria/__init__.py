@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .config import EgeriaConfig
-from .controller import Decision
+from .decision import Decision
 from .engine import Egeria, derive_eval_interval
 from .similarity import sp_loss
 from .unfreezing import LRDropRule, UnfreezeContext

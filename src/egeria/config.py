@@ -7,12 +7,16 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence, Union
 
-__all__ = ["EgeriaConfig", "PRECISIONS", "ACTIVATION_MODES"]
+__all__ = ["EgeriaConfig", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS"]
 
 #: Precisions the reference model can run in.
 PRECISIONS = ("int8", "bf16", "fp32")
 #: Where the training side's activation for a reading comes from.
 ACTIVATION_MODES = ("eval", "train")
+#: Where the controller (reference model and freezing rule) runs.
+EXECUTORS = ("process", "thread", "inline")
+#: multiprocessing start methods for the controller process (None: the platform default).
+START_METHODS = (None, "fork", "spawn", "forkserver")
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class EgeriaConfig:
     # 1 (default) compares each reading against the snapshot of the previous evaluation,
     # so a reading measures how far the module moved in the last n steps.
     reference_refresh: int = 1
-    # Threads the reference model's forward pass may use (None = leave torch's setting).
+    # Threads the controller's reference work may use (None = leave torch's setting). The
+    # thread executor shares the trainer's thread pool, so it ignores this.
     reference_threads: int | None = 1
     # Smallest window W may be halved down to by repeated unfreezing.
     min_window: int = 2
@@ -66,6 +71,24 @@ class EgeriaConfig:
     policy: str = "egeria"
     # Options of a baseline policy, e.g. {"t0": 0.8, "scaling": "cubic"} for "freezeout".
     policy_options: Mapping[str, Any] = field(default_factory=dict)
+    # Where the controller runs (paper 4.1): "process" (its own process; the trainer never
+    # waits for it), "thread" (a thread of the training process), "inline" (synchronously
+    # inside Egeria.step(), decisions at the evaluation step; for tests and debugging).
+    executor: str = "process"
+    # Start method of the controller process; None follows the platform default, as
+    # torch's DataLoader workers do. Under "spawn" the model must be picklable.
+    start_method: str | None = None
+    # Evaluations in flight at most (sent, not yet answered); one more is dropped and
+    # counted instead of making the trainer wait or memory grow.
+    max_in_flight: int = 2
+    # The controller runs a reference forward pass only while other processes use less
+    # than this share of the machine's CPU time (the paper's 50%); None never waits.
+    cpu_threshold: float | None = 0.5
+    # Seconds without a heartbeat after which the controller counts as hung.
+    controller_timeout: float = 120.0
+    # A freeze decision is applied at most this many evaluation intervals (n steps each)
+    # after the evaluation it came from; a later one is discarded and the watch restarts.
+    max_lag_intervals: int = 2
 
     def __post_init__(self) -> None:
         _check_optional_positive_int(self, "eval_interval")
@@ -101,6 +124,22 @@ class EgeriaConfig:
                 f"{', '.join(map(repr, ACTIVATION_MODES))}"
             )
         _check_modules(self.modules)
+        if self.executor not in EXECUTORS:
+            raise ValueError(
+                f"EgeriaConfig.executor={self.executor!r} is not one of {', '.join(map(repr, EXECUTORS))}"
+            )
+        if self.start_method not in START_METHODS:
+            raise ValueError(
+                f"EgeriaConfig.start_method={self.start_method!r} is not one of {START_METHODS!r}"
+            )
+        _check_positive_int(self, "max_in_flight")
+        _check_positive_int(self, "max_lag_intervals")
+        if self.cpu_threshold is not None:
+            _check_fraction(self, "cpu_threshold", allow_above_one=False)
+        if not _finite_number(self.controller_timeout) or self.controller_timeout <= 0:
+            raise ValueError(
+                f"EgeriaConfig.controller_timeout={self.controller_timeout!r} must be a number of seconds > 0"
+            )
         from .policies import POLICIES
 
         if self.policy != "egeria" and self.policy not in POLICIES:

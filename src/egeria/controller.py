@@ -1,177 +1,228 @@
-"""The controller: turns evaluation batches into freezing decisions (paper 4.1.1, 4.2).
+"""The controller: turns evaluations into freezing decisions (paper 4.1.1, 4.2).
 
-It owns the reference model and the freezing rule's state for the watched module. The
-training side hands it an :class:`Evaluation` (the batch and the training model's
-activation at the watched module) and applies the :class:`Decision` it returns at a step
-boundary. Here it runs inline, in the training process; the same object is meant to run
-in a separate process, fed by queues, with nothing in it that reads the clock.
+It owns the reference model's life cycle (generation, refresh, quantization, execution)
+and the freezing rule's state for the watched module. It knows nothing of queues, threads
+or clocks: the executors in :mod:`egeria.executors` feed it the same messages inline, in a
+thread or in a process, so the same sequence of evaluations gives the same decisions in
+all three.
+
+One evaluation, in two halves:
+
+1. :meth:`Controller.reference_activation` (when the request arrives): the reference's
+   activation at the watched module for the batch. The reference was refreshed at the
+   previous evaluation, so the reading measures how far the module moved since then.
+2. :meth:`Controller.finish` (when the readout arrives): the training activation (sent by
+   the worker, or computed here by an fp32 copy of the model's front loaded with the
+   weights the readout carries, in eval mode), the SP loss between the two, the rule,
+   then the refresh of the reference from those weights.
+
+The controller keeps its own view of the frozen set: after deciding to freeze module k it
+watches k + 1 and treats requests still about k as stale, until a restart (an unfreeze, or
+a decision the worker applied too late to use) says otherwise.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
-from typing import Sequence
+import time
+from typing import Mapping
 
 import torch
 from torch import nn
 
-from .partition import Partition
+from .decision import Decision
+from .partition import Partition, first_tensor
 from .plasticity import ModuleWatch
-from .reference import Batch, ReferenceModel
+from .protocol import Readout, Request, Result
+from .reference import ReferenceModel
 from .similarity import sp_loss
+from .threads import limited_threads
+from .truncated import run_until
+from .weights import as_mapping
 
-__all__ = ["Evaluation", "Decision", "Controller"]
+__all__ = ["Controller"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    """One plasticity evaluation's inputs, taken from a training forward pass.
-
-    Attributes:
-        step: the optimizer step whose forward pass produced them.
-        module: index of the watched layer module.
-        batch: the model's call arguments ``(args, kwargs)``, on the CPU.
-        activation: the training model's activation at the module's output, on the CPU.
-    """
-
-    step: int
-    module: int
-    batch: Batch
-    activation: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A change of the frozen set, applied at the end of ``step``.
-
-    Attributes:
-        step: the step at whose end it applies.
-        action: ``"freeze"`` or ``"unfreeze"``.
-        modules: names of the layer modules it affects.
-        reason: a short human-readable cause.
-    """
-
-    step: int
-    action: str
-    modules: tuple[str, ...]
-    reason: str = ""
-
-
-@dataclass
 class Controller:
     """Reference model plus freezing rule for the frontmost active module.
 
     Args:
         partition: the model's layer modules.
+        template: a CPU fp32 copy of the model (without Egeria's hooks); kept as the fp32
+            front that computes eval-mode training activations, and copied for the reference.
         precision: reference precision.
         window: W.
         tolerance_ratio: see :class:`EgeriaConfig`.
         refresh_every: refresh the reference every this many readings.
-        threads: torch threads for reference work.
+        threads: torch threads for the controller's work (None: leave torch's setting).
     """
 
-    partition: Partition
-    precision: str
-    window: int
-    tolerance_ratio: float
-    refresh_every: int = 1
-    threads: int | None = 1
-    reference: ReferenceModel | None = None
-    watch: ModuleWatch | None = None
-    readings_since_refresh: int = 0
-    history: list[dict] = field(default_factory=list)
+    def __init__(
+        self,
+        partition: Partition,
+        template: nn.Module,
+        *,
+        precision: str,
+        window: int,
+        tolerance_ratio: float,
+        refresh_every: int = 1,
+        threads: int | None = 1,
+    ) -> None:
+        self.partition = partition
+        self.current = template.eval()
+        self.precision = precision
+        self.window = window
+        self.tolerance_ratio = tolerance_ratio
+        self.refresh_every = refresh_every
+        self.threads = threads
+        self.generation = 0
+        self.frozen = 0
+        self.reference: ReferenceModel | None = None
+        self.watch: ModuleWatch | None = None
+        self.readings_since_refresh = 0
 
-    def evaluate(self, ev: Evaluation, model: nn.Module, frozen: int, skip_hooks: Sequence[int] = ()) -> Decision | None:
-        """Reads the plasticity of module ``ev.module`` and decides whether it freezes.
+    # -- one evaluation ------------------------------------------------------------
 
-        The first evaluation after a (re)start builds the reference and reads nothing.
+    def is_current(self, request: Request) -> bool:
+        """Whether the request is about this generation's watched module."""
+        return (
+            request.generation == self.generation
+            and request.module == self.frozen
+            and request.module < self.partition.freezable
+        )
 
-        Args:
-            ev: the evaluation.
-            model: the training model, read for reference refreshes.
-            frozen: how many leading modules are frozen now (``ev.module == frozen``).
-            skip_hooks: hook ids not to copy into the reference.
-        """
-        if ev.module != frozen or ev.module >= self.partition.freezable:
+    @torch.no_grad()
+    def reference_activation(self, request: Request) -> torch.Tensor | None:
+        """The reference's activation for the request's batch (None: stale, or no reference yet)."""
+        if not self.is_current(request):
             return None
+        if request.final_weights is not None and self.reference is not None:
+            self.reference.refinalize(as_mapping(request.final_weights), request.final_modules, request.batch)
         if self.reference is None:
-            self.reference = ReferenceModel(
-                model, self.partition, self.precision, threads=self.threads, skip_hooks=skip_hooks
-            )
-            self._refresh(model, frozen, ev)
             return None
+        return self.reference.activation(request.batch, request.module)
+
+    @torch.no_grad()
+    def finish(self, request: Request, reference: torch.Tensor | None, readout: Readout) -> Result:
+        """Pairs the training activation with the reference's and runs the freezing rule."""
+        started = time.perf_counter()
+        result = self._finish(request, reference, readout)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _finish(self, request: Request, reference: torch.Tensor | None, readout: Readout) -> Result:
+        def answer(**kw) -> Result:
+            return Result(request.seq, request.generation, request.step, request.module, **kw)
+
+        if readout.weights is None:
+            return answer(note="cancelled")
+        if not self.is_current(request):
+            return answer(note="stale")
+        weights = as_mapping(readout.weights)
+        module = request.module
+        if self.reference is None or reference is None:
+            if self.reference is None:
+                self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
+            self._refresh(weights, request, upto=module)
+            return answer(note="building")
+        training = readout.activation
+        if training is None:
+            training = self._front(weights, request)
+        plasticity = float(sp_loss(training.float(), reference))
+        if not math.isfinite(plasticity):
+            logger.warning("non-finite plasticity at step %d (module %s); reading ignored", request.step, self._name(module))
+            return answer(note="non-finite")
         if self.watch is None:
             self.watch = ModuleWatch(self.window, self.tolerance_ratio)
-        plasticity = float(sp_loss(ev.activation, self.reference.activation(ev.batch, ev.module)))
-        if not math.isfinite(plasticity):
-            logger.warning("non-finite plasticity at step %d (module %s); reading ignored", ev.step, self._name(ev))
-            return None
         reading = self.watch.update(plasticity)
-        self.history.append(
-            {
-                "step": ev.step,
-                "module": self._name(ev),
-                "plasticity": reading.plasticity,
-                "smoothed": reading.smoothed,
-                "slope": reading.slope,
-                "tolerance": reading.tolerance,
-                "stale": reading.stale,
-            }
-        )
+        row = {
+            "step": request.step,
+            "module": self._name(module),
+            "plasticity": reading.plasticity,
+            "smoothed": reading.smoothed,
+            "slope": reading.slope,
+            "tolerance": reading.tolerance,
+            "stale": reading.stale,
+        }
         if reading.freeze:
-            return Decision(
-                ev.step,
+            decision = Decision(
+                request.step,
                 "freeze",
-                (self._name(ev),),
+                (self._name(module),),
                 f"plasticity slope within tolerance {reading.tolerance:.3g} for {self.window} readings",
+                evaluated_at=request.step,
             )
+            self._frozen_one(weights, request)
+            return answer(reading=row, decision=decision)
         self.readings_since_refresh += 1
         if self.readings_since_refresh >= self.refresh_every:
-            self._refresh(model, frozen, ev)
-        return None
+            self._refresh(weights, request, upto=module)
+        return answer(reading=row)
 
-    def frozen_one(self, model: nn.Module, ev: Evaluation) -> None:
-        """After module ``ev.module`` froze: watch the next one with a fresh reference."""
+    def _front(self, weights: Mapping[str, torch.Tensor], request: Request) -> torch.Tensor:
+        """The watched module's fp32 eval-mode output for the batch, with the sent weights."""
+        own = self.current.state_dict()
+        for key, value in weights.items():
+            own[key].copy_(value)
+        block = self.partition.modules[request.module].output_block
+        args, kwargs = request.batch
+        with limited_threads(self.threads):
+            tensor = first_tensor(run_until(self.current, block, args, kwargs))
+        if tensor is None:
+            raise RuntimeError(f"block {block} returned no tensor")
+        return tensor
+
+    def _frozen_one(self, weights: Mapping[str, torch.Tensor], request: Request) -> None:
+        """Module ``request.module`` froze: watch the next one with a fresh reference."""
+        self.frozen += 1
         self.watch = None
-        if ev.module + 1 < self.partition.freezable:
-            self._refresh(model, ev.module + 1, ev, upto=ev.module + 1)
+        if self.frozen < self.partition.freezable:
+            self._refresh(weights, request, upto=self.frozen)
 
-    def restart(self, window: int) -> None:
-        """After an unfreeze: forget everything, watch module 0 with window ``window``."""
+    def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int) -> None:
+        assert self.reference is not None
+        self.reference.refresh(weights, self.frozen, upto, request.batch)
+        self.readings_since_refresh = 0
+
+    # -- control -------------------------------------------------------------------
+
+    def restart(self, generation: int, frozen: int, window: int) -> None:
+        """Forget the reference and the watch; watch module ``frozen`` with window ``window``.
+
+        Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
+        that reached it too late (the frozen set the worker actually has).
+        """
+        self.generation = generation
+        self.frozen = frozen
         self.window = window
         self.watch = None
         self.reference = None
         self.readings_since_refresh = 0
 
-    def _refresh(self, model: nn.Module, frozen: int, ev: Evaluation, upto: int | None = None) -> None:
-        assert self.reference is not None
-        self.reference.refresh(model, frozen, ev.module if upto is None else upto, ev.batch)
-        self.readings_since_refresh = 0
-
-    def _name(self, ev: Evaluation) -> str:
-        return self.partition.modules[ev.module].name
-
-    def state_dict(self, model: nn.Module) -> dict:
+    def state_dict(self, live: Mapping[str, torch.Tensor]) -> dict:
+        """JSON-safe state; ``live`` is the training model's state now."""
         return {
+            "generation": self.generation,
+            "frozen": self.frozen,
             "window": self.window,
             "watch": None if self.watch is None else self.watch.state_dict(),
             "readings_since_refresh": self.readings_since_refresh,
-            "reference": None if self.reference is None else self.reference.state_dict(model),
-            "history": list(self.history),
+            "reference": None if self.reference is None else self.reference.state_dict(live),
         }
 
-    def load_state_dict(self, state: dict, model: nn.Module, skip_hooks: Sequence[int] = ()) -> None:
+    def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
+        self.generation = int(state["generation"])
+        self.frozen = int(state["frozen"])
         self.window = int(state["window"])
         self.watch = None if state["watch"] is None else ModuleWatch.from_state(state["watch"])
         self.readings_since_refresh = int(state["readings_since_refresh"])
-        self.history = list(state["history"])
         self.reference = None
         if state["reference"] is not None:
-            self.reference = ReferenceModel(
-                model, self.partition, self.precision, threads=self.threads, skip_hooks=skip_hooks
-            )
-            self.reference.load_state_dict(state["reference"], model)
+            self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
+            self.reference.load_state_dict(state["reference"], weights)
+
+    def _name(self, index: int) -> str:
+        return self.partition.modules[index].name

@@ -5,15 +5,18 @@ Where each piece runs, in a plain loop::
     eg = Egeria(model, optimizer, total_steps=...)   # finds the blocks, installs hooks
     for x, y in loader:
         loss = loss_fn(model(x), y)   # 1st forward: blocks traced -> layer modules.
-                                      # Evaluation steps: the batch and the watched
-                                      # module's activation are captured by hooks.
+                                      # Evaluation steps: the batch goes to the
+                                      # controller as the forward pass starts.
         loss.backward(); optimizer.step(); optimizer.zero_grad()
-        eg.step(loss)                 # step boundary: bootstrapping check, plasticity
-                                      # evaluation, freeze / unfreeze decisions applied
-    eg.close()                        # hooks removed, modules trainable again
+        eg.step(loss)                 # step boundary: bootstrapping check, the
+                                      # evaluation's weights sent, the controller's
+                                      # answers applied, unfreezing
+    eg.close()                        # hooks removed, controller stopped
 
-Decisions depend only on the sequence of losses, activations and learning rates, never
-on wall-clock time, and take effect only inside :meth:`Egeria.step`.
+The controller (reference model and freezing rule, :mod:`egeria.controller`) runs in
+its own process by default and never makes the training loop wait; its decisions take
+effect only inside :meth:`Egeria.step`. With ``executor="inline"`` they depend only on
+the sequence of losses, batches, weights and learning rates, never on wall-clock time.
 """
 
 from __future__ import annotations
@@ -28,19 +31,22 @@ from torch import nn
 
 from .bootstrap import BootstrapMonitor
 from .config import EgeriaConfig
-from .controller import Controller, Decision, Evaluation
+from .decision import Decision
 from .freezing import EvalLock, freeze_parameters, unfreeze_parameters
+from .link import ControllerLink
 from .nested import map_tensors
 from .policies import FreezePolicy, StepInfo, make_policy
 from .partition import ExecutionTrace, Partition, build_partition, chosen_modules, find_blocks, first_tensor
-from .truncated import run_until
+from .protocol import Result
+from .service import ControllerSpec
 from .unfreezing import CYCLICAL_SCHEDULERS, LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
+from .weights import ModuleKeys, cpu_snapshot
 
 __all__ = ["Egeria", "derive_eval_interval"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_FORMAT = 1
+_STATE_FORMAT = 2
 # The paper's guideline (4.2.2): n = total / (2 W) / modules / (1 + 0.5 + 0.25), the last
 # factor covering bootstrapping, smoothing delay and window halving.
 _GUIDELINE_FACTOR = 1.75
@@ -142,11 +148,11 @@ class Egeria:
         self._freeze_step: int | None = None
         self._bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
         self._losses: list[Any] = []
-        self._controller: Controller | None = None
+        self._link: ControllerLink | None = None
         self._armed = False  # set by _arm_next once the layer modules are known
         self._capturing = False
         self._internal_forward = False
-        self._captured_batch: tuple | None = None
+        self._captured_batch: tuple | None = None  # an evaluation's batch, until step()
         self._captured_activation: torch.Tensor | None = None
         self._output_handles: list = []
         self._closed = False
@@ -188,7 +194,13 @@ class Egeria:
     @property
     def history(self) -> list[dict]:
         """Plasticity readings so far: step, module, plasticity, smoothed, slope, tolerance."""
-        return [] if self._controller is None else list(self._controller.history)
+        return [] if self._link is None else list(self._link.history)
+
+    @property
+    def controller_stats(self) -> dict:
+        """The controller link's counts: executor, evaluations sent, dropped and answered,
+        decisions discarded as too late, the lag (in steps) of every answer, faults."""
+        return {} if self._link is None else self._link.stats()
 
     @property
     def partition(self) -> Partition:
@@ -224,9 +236,10 @@ class Egeria:
             self._record_loss(loss_value)
             if self.steps % n == 0:
                 self._end_bootstrap_interval()
-        captured = self._take_capture()
-        if self.stage == "guided" and captured is not None and self._frozen < partition.freezable:
-            decision = self._evaluate(captured)
+        self._send_readout()
+        if self._link is not None:
+            for result in self._link.results(self.steps):
+                decision = self._apply(result) or decision
         unfreeze = self._maybe_unfreeze()
         decision = unfreeze or decision
         self._arm_next()
@@ -237,7 +250,8 @@ class Egeria:
         bootstrap interval) and a module is left to watch."""
         n = self._eval_interval
         self._armed = (
-            self.policy is None
+            self._link is not None
+            and self._link.usable
             and n is not None
             and (self.steps + 1) % n == 0
             and self._partition is not None
@@ -260,19 +274,44 @@ class Egeria:
             self.events.append({"step": self.steps, "action": "guided", "modules": []})
             logger.info("step %d: loss settled, bootstrapping over; guided freezing starts", self.steps)
 
-    def _evaluate(self, captured: tuple[tuple, torch.Tensor]) -> Decision | None:
-        assert self._controller is not None
-        batch, activation = captured
-        ev = Evaluation(self.steps, self._frozen, batch, activation)
-        decision = self._controller.evaluate(ev, self.model, self._frozen, self._hook_ids())
-        if decision is not None and decision.action == "freeze":
-            self._freeze_next(decision)
-            self._controller.frozen_one(self.model, ev)
-        return decision
+    def _send_readout(self) -> None:
+        """Completes this step's evaluation: a batch captured while bootstrapping goes out
+        now if guided freezing just started; the weights after the update go out."""
+        batch, activation = self._captured_batch, self._captured_activation
+        self._captured_batch = self._captured_activation = None
+        link = self._link
+        if link is None or batch is None:
+            return
+        if self.stage != "guided":
+            return
+        if not link.awaiting_readout and not link.offer(self.model.state_dict(), self.steps, self._frozen, batch):
+            return
+        if self.config.activation_mode == "train" and activation is None:
+            link.cancel()
+            return
+        link.readout(self.model.state_dict(), activation)
 
-    def _freeze_next(self, decision: Decision) -> None:
+    def _apply(self, result: Result) -> Decision | None:
+        """Applies a freeze decision at this step boundary, unless it came too late."""
+        if result.decision is None or result.module != self._frozen:
+            return None
+        assert self._link is not None and self._eval_interval is not None
+        lag = self.steps - result.step
+        bound = self.config.max_lag_intervals * self._eval_interval
+        if lag > bound:
+            logger.info(
+                "step %d: freeze of %s decided at step %d arrived after %d steps (bound %d); discarded, "
+                "the controller watches it afresh", self.steps, ", ".join(result.decision.modules),
+                result.step, lag, bound,
+            )
+            self._link.discarded += 1
+            self._link.restart(self._frozen, self.window)
+            return None
+        decision = Decision(self.steps, "freeze", result.decision.modules, result.decision.reason, result.step)
         self._freeze_front_module()
+        self._link.froze(result.module)
         self._log_event(decision)
+        return decision
 
     def _freeze_front_module(self) -> None:
         if self._frozen == 0:  # the unfreeze rule measures the LR drop from here
@@ -294,8 +333,8 @@ class Egeria:
         names = tuple(self.frozen)
         self._unfreeze_all()
         self.window = max(self.config.min_window, self.window // 2)
-        assert self._controller is not None
-        self._controller.restart(self.window)
+        if self._link is not None:
+            self._link.restart(0, self.window)
         decision = Decision(self.steps, "unfreeze", names, f"learning rate {ctx.lr:.3g} (was {ctx.lr_at_freeze:.3g})")
         self._log_event(decision)
         return decision
@@ -341,8 +380,11 @@ class Egeria:
         self._capturing = False
         if self._internal_forward:
             return
-        if self._armed and module.training and self._captured_batch is None and self._partition is not None:
-            self._captured_batch = map_tensors((args, kwargs), torch.Tensor.detach)
+        if self._armed and module.training and self._captured_batch is None and self._link is not None:
+            batch = map_tensors((args, kwargs), _cpu_copy)  # the loop may reuse its input buffers
+            if self.stage == "guided" and not self._link.offer(self.model.state_dict(), self.steps + 1, self._frozen, batch):
+                return  # dropped: the controller is behind
+            self._captured_batch = batch
             self._capturing = self.config.activation_mode == "train"
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -358,26 +400,6 @@ class Egeria:
                     self._captured_activation = tensor.detach().to("cpu", copy=True)
 
         return hook
-
-    def _take_capture(self) -> tuple[tuple, torch.Tensor] | None:
-        """The evaluation batch (on the CPU) and the watched module's training activation."""
-        batch, activation = self._captured_batch, self._captured_activation
-        self._captured_batch = None
-        self._captured_activation = None
-        if batch is None:
-            return None
-        if self.config.activation_mode == "eval" and self.stage == "guided":
-            activation = self._front_activation(batch)
-        if activation is None:
-            return None
-        return map_tensors(batch, _cpu_copy), activation
-
-    def _front_activation(self, batch: tuple) -> torch.Tensor | None:
-        """The watched module's output for ``batch``, in eval mode, without gradients."""
-        block = self._require_partition("evaluation").modules[self._frozen].output_block
-        with self._internal_eval_forward():
-            tensor = first_tensor(run_until(self.model, block, batch[0], batch[1]))
-        return None if tensor is None else _cpu_copy(tensor)
 
     def _trace_with(self, example_inputs: tuple) -> None:
         with self._internal_eval_forward():
@@ -429,14 +451,20 @@ class Egeria:
         if self.policy is not None:
             self.stage = "guided"
             self.policy.bind(self.model, partition)
-        self._controller = Controller(
-            partition,
-            self.config.reference_precision,
-            self.window,
-            self.config.tolerance_ratio,
-            refresh_every=self.config.reference_refresh,
-            threads=self.config.reference_threads,
-        )
+        if self._link is not None:
+            self._link.close()
+        self._link = None
+        if self.policy is None:
+            self._link = ControllerLink(
+                self.config.executor,
+                self._controller_spec,
+                ModuleKeys(self.model, partition),
+                partition.freezable,
+                self.window,
+                max_in_flight=self.config.max_in_flight,
+                timeout=self.config.controller_timeout,
+                start_method=self.config.start_method,
+            )
         logger.info(
             "Egeria: %d layer modules %s, policy %s, eval interval n=%s",
             len(partition),
@@ -445,6 +473,19 @@ class Egeria:
             self._eval_interval,
         )
         self._arm_next()
+
+    def _controller_spec(self) -> ControllerSpec:
+        """What the controller is built from: a CPU snapshot of the model as it is now."""
+        return ControllerSpec(
+            self._require_partition("controller"),
+            cpu_snapshot(self.model, self._hook_ids()),
+            self.config.reference_precision,
+            self.window,
+            self.config.tolerance_ratio,
+            self.config.reference_refresh,
+            self.config.reference_threads,
+            self.config.cpu_threshold,
+        )
 
     def _hook_ids(self) -> list[int]:
         handles = self._handles + self._output_handles
@@ -475,7 +516,7 @@ class Egeria:
             "bootstrap": self._bootstrap.state_dict(),
             "losses": [v for v in map(float, self._losses) if math.isfinite(v)],
             "events": list(self.events),
-            "controller": None if self._controller is None else self._controller.state_dict(self.model),
+            "link": None if self._link is None else self._link.state_dict(self.model.state_dict(), self._frozen),
             "policy": None if self.policy is None else self.policy.state_dict(),
         }
 
@@ -516,9 +557,8 @@ class Egeria:
             self._freeze_front_module()
         self._lr_at_freeze = state["lr_at_freeze"]
         self._freeze_step = state["freeze_step"]
-        assert self._controller is not None
-        if state["controller"] is not None:
-            self._controller.load_state_dict(state["controller"], self.model, self._hook_ids())
+        if self._link is not None and state["link"] is not None:
+            self._link.load_state_dict(state["link"], self.model.state_dict(), self._frozen, self.window)
         if self.policy is not None and state.get("policy") is not None:
             self.policy.load_state_dict(state["policy"])
         self._arm_next()
@@ -546,8 +586,8 @@ class Egeria:
         if self._trace is not None:
             self._trace.remove()
             self._trace = None
-        if self._controller is not None:
-            self._controller.reference = None
+        if self._link is not None:
+            self._link.close()
         if self.policy is not None:
             self.policy.unbind()
         self._captured_batch = self._captured_activation = None

@@ -17,9 +17,8 @@ so they are converted once and reused; a refresh converts only the active module
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -28,7 +27,9 @@ from .nested import map_tensors
 from .partition import Partition, first_tensor
 from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
+from .threads import limited_threads
 from .truncated import run_until
+from .weights import ModuleKeys, cpu_snapshot
 
 __all__ = ["ReferenceModel", "Batch"]
 
@@ -41,8 +42,13 @@ Batch = tuple[tuple, dict]
 class ReferenceModel:
     """A CPU snapshot of the training model in ``precision``, refreshed block by block.
 
+    Weights come in as mappings from ``state_dict`` keys to tensors (the training model's
+    own ``state_dict()`` inline, a copy sent by the worker otherwise); only the entries of
+    the modules being refreshed, and those outside every block, are read.
+
     Args:
-        model: the training model (any device); it is copied, never modified.
+        template: a model of the same structure (the training model or a CPU snapshot of
+            it); it is copied, never modified.
         partition: its layer modules.
         precision: ``"int8"``, ``"bf16"`` or ``"fp32"``.
         threads: torch threads for the reference's work (None: leave torch's setting).
@@ -51,7 +57,7 @@ class ReferenceModel:
 
     def __init__(
         self,
-        model: nn.Module,
+        template: nn.Module,
         partition: Partition,
         precision: str,
         *,
@@ -65,8 +71,8 @@ class ReferenceModel:
         self.precision = precision
         self.threads = threads
         self._partition = partition
-        self._float = _cpu_snapshot(model, set(skip_hooks))
-        self._loose = _loose_state_names(model, self._blocks_of(range(len(partition))))
+        self._float = cpu_snapshot(template, skip_hooks)
+        self._keys = ModuleKeys(self._float, partition)
         self._built: dict[str, nn.Module] = {}
         self._observers: dict[str, dict[str, list[float]]] = {}
         self._input_specs: dict[str, list[list]] = {}
@@ -81,27 +87,40 @@ class ReferenceModel:
     # -- refresh -----------------------------------------------------------------
 
     @torch.no_grad()
-    def refresh(self, model: nn.Module, frozen_count: int, upto: int, calibration: Batch) -> None:
+    def refresh(self, weights: Mapping[str, torch.Tensor], frozen_count: int, upto: int, calibration: Batch) -> None:
         """Takes the training model's current weights for modules ``0..upto``.
 
+        Modules frozen at an earlier refresh keep their blocks: their weights are final.
+
         Args:
-            model: the training model.
+            weights: the training model's state (at least modules ``0..upto`` not yet final).
             frozen_count: how many leading modules are frozen now.
             upto: index of the deepest module the reference must run (the watched one).
             calibration: one real batch, used to calibrate static int8 blocks.
         """
         targets = [j for j in range(upto + 1) if j not in self._final]
+        self._rebuild_modules(weights, targets, calibration)
+        self._final.update(j for j in targets if j < frozen_count)
+        self.upto = max(self.upto, upto)
+
+    @torch.no_grad()
+    def refinalize(self, weights: Mapping[str, torch.Tensor], modules: Iterable[int], calibration: Batch) -> None:
+        """Takes the final weights of frozen ``modules`` (they trained a few more steps
+        between the freeze decision and its application)."""
+        targets = sorted(j for j in set(modules) if j <= self.upto)
+        self._rebuild_modules(weights, targets, calibration)
+        self._final.update(targets)
+
+    def _rebuild_modules(self, weights: Mapping[str, torch.Tensor], targets: Sequence[int], calibration: Batch) -> None:
         target_blocks = self._blocks_of(targets)
-        with self._threads():
-            self._copy_from(model, target_blocks)
+        with limited_threads(self.threads):
+            self._copy_from(weights, targets)
         for block in target_blocks:
             self._built.pop(block, None)
         inputs = self._block_inputs(calibration, target_blocks) if self.precision == "int8" else {}
-        with self._threads():
+        with limited_threads(self.threads):
             for block in target_blocks:
                 self._build(block, inputs.get(block))
-        self._final.update(j for j in targets if j < frozen_count)
-        self.upto = max(self.upto, upto)
 
     def _build(self, name: str, call: Batch | None, observers: dict[str, list[float]] | None = None) -> None:
         block = self._float.get_submodule(name)
@@ -151,14 +170,13 @@ class ReferenceModel:
             self._observers[name] = observers
         return quantizer.convert()
 
-    def _copy_from(self, model: nn.Module, blocks: Sequence[str]) -> None:
-        for name in blocks:
-            self._float.get_submodule(name).load_state_dict(model.get_submodule(name).state_dict())
-        if self._loose:
-            live = model.state_dict()
-            own = self._float.state_dict()
-            for key in self._loose:
-                own[key].copy_(live[key])
+    def _copy_from(self, weights: Mapping[str, torch.Tensor], modules: Sequence[int]) -> None:
+        own = self._float.state_dict()
+        for key in self._keys.of(modules):
+            if key in weights:
+                own[key].copy_(weights[key])
+            elif key not in self._keys.loose:
+                raise KeyError(f"the weights sent for refreshing lack {key!r}")
 
     def _block_inputs(self, batch: Batch, blocks: Sequence[str]) -> dict[str, Batch]:
         """Each block's call arguments when the reference runs ``batch``."""
@@ -197,7 +215,7 @@ class ReferenceModel:
 
     def _run_until(self, batch: Batch, block: str | None) -> Any:
         args, kwargs = batch
-        with self._threads(), self._swapped():
+        with limited_threads(self.threads), self._swapped():
             return run_until(self._float, block, args, kwargs)
 
     @contextlib.contextmanager
@@ -211,28 +229,20 @@ class ReferenceModel:
             for name, module in originals.items():
                 _set_submodule(self._float, name, module)
 
-    @contextlib.contextmanager
-    def _threads(self) -> Iterator[None]:
-        if self.threads is None:
-            yield
-            return
-        previous = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(previous)
 
     # -- checkpointing -----------------------------------------------------------
 
-    def state_dict(self, model: nn.Module) -> dict:
-        """JSON-safe state: the snapshot's tensors that differ from ``model`` now, and the
-        int8 calibration, enough to rebuild this exact reference from ``model`` later."""
-        live = model.state_dict()
+    def state_dict(self, live: Mapping[str, torch.Tensor]) -> dict:
+        """JSON-safe state: the snapshot's tensors that differ from the training model's
+        ``live`` state now, and the int8 calibration, enough to rebuild this exact
+        reference from that model later."""
         upto_blocks = self._blocks_of(range(self.upto + 1))
-        keys = [k for k in self._float.state_dict() if _under(k, upto_blocks) or k in self._loose]
         own = self._float.state_dict()
-        changed = {k: encode_tensor(own[k]) for k in keys if not torch.equal(own[k], live[k].detach().cpu())}
+        changed = {
+            k: encode_tensor(own[k])
+            for k in self._keys.of(range(self.upto + 1))
+            if k not in live or not torch.equal(own[k], live[k].detach().cpu())
+        }
         return {
             "precision": self.precision,
             "upto": self.upto,
@@ -244,14 +254,17 @@ class ReferenceModel:
         }
 
     @torch.no_grad()
-    def load_state_dict(self, state: dict, model: nn.Module) -> None:
-        """Rebuilds the reference saved by :meth:`state_dict` on top of ``model``'s weights."""
+    def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
+        """Rebuilds the reference saved by :meth:`state_dict` on top of the training
+        model's ``weights`` (at least the modules the saved reference ran)."""
         if state["precision"] != self.precision:
             raise ValueError(
                 f"saved reference precision {state['precision']!r} differs from {self.precision!r}"
             )
-        self._float.load_state_dict(model.state_dict())
         own = self._float.state_dict()
+        for key, value in weights.items():
+            if key in own:
+                own[key].copy_(value)
         for key, entry in state["tensors"].items():
             if key not in own:
                 raise ValueError(f"saved reference tensor {key!r} is not in this model")
@@ -261,7 +274,7 @@ class ReferenceModel:
         self.upto = int(state["upto"])
         blocks = self._blocks_of(range(self.upto + 1))
         kinds = state["kinds"]
-        with self._threads():
+        with limited_threads(self.threads):
             for block in blocks:
                 self._rebuild(block, kinds.get(block, "fp32"), state["observers"].get(block))
         self._final = set(state["final"])
@@ -277,49 +290,6 @@ class ReferenceModel:
         elif kind != "fp32":
             raise ValueError(f"unknown reference block kind {kind!r} in saved state")
         self.kinds[name] = kind
-
-
-def _cpu_snapshot(model: nn.Module, skip_hooks: set[int]) -> nn.Module:
-    """An fp32 eval-mode CPU copy of ``model`` without the hooks in ``skip_hooks``."""
-    memo: dict[int, Any] = {}
-    for module in model.modules():
-        for attr in _HOOK_DICTS:
-            hooks = getattr(module, attr, None)
-            if hooks:
-                memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if k not in skip_hooks)
-    # Tensors go straight to the CPU: no second copy of the model on the training device.
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(_cpu_float(p), requires_grad=False)
-    for b in model.buffers():
-        memo[id(b)] = _cpu_float(b)
-    snapshot = copy.deepcopy(model, memo).eval()
-    for p in snapshot.parameters():
-        p.requires_grad_(False)
-        p.grad = None
-    return snapshot
-
-
-def _cpu_float(tensor: torch.Tensor) -> torch.Tensor:
-    copied = tensor.detach().to("cpu", copy=True)
-    return copied.float() if copied.is_floating_point() else copied
-
-
-_HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-)
-
-
-def _loose_state_names(model: nn.Module, blocks: Sequence[str]) -> list[str]:
-    """State entries (parameters, buffers) that belong to no block."""
-    return [k for k in model.state_dict() if not _under(k, blocks)]
-
-
-def _under(key: str, blocks: Sequence[str]) -> bool:
-    return any(key.startswith(b + ".") for b in blocks)
 
 
 def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:

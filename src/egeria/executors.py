@@ -1,0 +1,413 @@
+"""Where the controller runs, seen from the training side (the worker): inline, in a
+thread, or in its own process (paper 4.1.1-4.1.2; ``EgeriaConfig.executor``).
+
+All three take the same messages in the same order and run the same
+:class:`~egeria.controller.Controller`, so the same sequence of evaluations gives the same
+readings and decisions. They differ in when an answer comes back:
+
+* ``inline``: inside the call, so a freeze applies at the end of its evaluation step.
+* ``thread`` / ``process``: the worker never waits. It sends the request and the readout
+  and carries on; :meth:`poll` at later step boundaries picks up whatever answers are in.
+  At most ``max_in_flight`` evaluations are unanswered at a time; a further one is
+  dropped (counted) rather than queued. The engine applies a freeze decision at most
+  ``max_lag_intervals`` evaluation intervals after its evaluation, or discards it.
+
+Faults never stop training: a controller that raises, exits or stops beating its heart
+for ``controller_timeout`` seconds is reported once (:attr:`failure`) and gives no more
+answers; the engine then trains on with the modules frozen so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import torch
+
+from .controller import Controller
+from .cpuload import CpuLoad
+from .nested import map_tensors
+from .protocol import Control, Readout, Reply, Request, Result
+from .service import Channels, ControllerSpec, Service, process_main
+from .weights import PackedState
+
+__all__ = ["Executor", "InlineExecutor", "ThreadExecutor", "ProcessExecutor", "ControllerStartError", "picklable"]
+
+logger = logging.getLogger(__name__)
+
+_REPLY_TIMEOUT_S = 60.0
+
+
+class ControllerStartError(RuntimeError):
+    """The controller could not be started (or died before it was ready)."""
+
+
+class Executor:
+    """Common bookkeeping: counts of evaluations offered, dropped and answered.
+
+    Attributes:
+        name: "inline", "thread" or "process".
+        failure: why the controller stopped answering, or None.
+    """
+
+    name = "inline"
+
+    def __init__(self, max_in_flight: int) -> None:
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.sent = 0
+        self.dropped = 0
+        self.answered = 0
+        self.controller_seconds = 0.0
+        self.failure: str | None = None
+
+    def weights(self, state: Mapping[str, torch.Tensor], keys: list[str]) -> Any:
+        """What a message carries of the model's weights: copies, unless inline."""
+        return PackedState(state, keys)
+
+    def offer(self, request: Request) -> bool:
+        """Sends an evaluation's request; False when it is dropped (too many in flight)."""
+        if self.failure is not None:
+            return False
+        if self.in_flight >= self.max_in_flight:
+            self.dropped += 1
+            return False
+        self._send_request(request)
+        self.in_flight += 1
+        self.sent += 1
+        return True
+
+    def poll(self) -> list[Result]:
+        """The answers that arrived since the last poll, without waiting."""
+        results = self._receive()
+        for result in results:
+            self.in_flight -= 1
+            self.answered += 1
+            self.controller_seconds += result.seconds
+        return results
+
+    def stats(self) -> dict:
+        return {
+            "executor": self.name,
+            "sent": self.sent,
+            "dropped": self.dropped,
+            "answered": self.answered,
+            "in_flight": self.in_flight,
+            "controller_seconds": self.controller_seconds,
+            "failure": self.failure,
+        }
+
+    # implemented by each executor
+    def _send_request(self, request: Request) -> None:
+        raise NotImplementedError
+
+    def _receive(self) -> list[Result]:
+        raise NotImplementedError
+
+    def readout(self, readout: Readout) -> None:
+        raise NotImplementedError
+
+    def restart(self, generation: int, frozen: int, window: int) -> None:
+        raise NotImplementedError
+
+    def state_dict(self, live: Any, last_seq: int) -> dict | None:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict, weights: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class InlineExecutor(Executor):
+    """The controller runs inside the calls (the synchronous path)."""
+
+    name = "inline"
+
+    def __init__(self, controller: Controller) -> None:
+        super().__init__(max_in_flight=1)
+        self.controller = controller
+        self._pending: tuple[Request, torch.Tensor | None] | None = None
+        self._results: list[Result] = []
+
+    def weights(self, state: Mapping[str, torch.Tensor], keys: list[str]) -> Any:
+        return {k: state[k] for k in keys}  # read right away: no copy needed
+
+    def _send_request(self, request: Request) -> None:
+        self._pending = (request, self.controller.reference_activation(request))
+
+    def readout(self, readout: Readout) -> None:
+        assert self._pending is not None and self._pending[0].seq == readout.seq
+        request, reference = self._pending
+        self._pending = None
+        self._results.append(self.controller.finish(request, reference, readout))
+
+    def _receive(self) -> list[Result]:
+        results, self._results = self._results, []
+        return results
+
+    def restart(self, generation: int, frozen: int, window: int) -> None:
+        self.controller.restart(generation, frozen, window)
+
+    def state_dict(self, live: Any, last_seq: int) -> dict | None:
+        return self.controller.state_dict(live)
+
+    def load_state_dict(self, state: dict, weights: Any) -> None:
+        self.controller.load_state_dict(state, weights)
+
+    def close(self) -> None:
+        self.controller.reference = None
+
+
+class _QueueExecutor(Executor):
+    """A controller behind queues, served by :class:`~egeria.service.Service`."""
+
+    def __init__(self, max_in_flight: int, timeout: float) -> None:
+        super().__init__(max_in_flight)
+        self.timeout = timeout
+        self.ready = False
+        self._early: list[Result] = []
+        self._closed = False
+        self.channels: Channels
+
+    def _send_request(self, request: Request) -> None:
+        self.channels.requests.put_nowait(request)
+
+    def readout(self, readout: Readout) -> None:
+        if self.failure is None:
+            self.channels.readouts.put_nowait(readout)
+
+    def restart(self, generation: int, frozen: int, window: int) -> None:
+        self._control("restart", generation=generation, frozen=frozen, window=window)
+
+    def _control(self, kind: str, **args: Any) -> None:
+        if self.failure is None:
+            self.channels.control.put(Control(kind, args))
+
+    def _receive(self) -> list[Result]:
+        results, self._early = self._early, []
+        if self.failure is not None:
+            return results
+        while True:
+            try:
+                message = self.channels.results.get_nowait()
+            except queue.Empty:
+                break
+            if not self._take(message, results):
+                break
+        self._check_health()
+        return results
+
+    def _take(self, message: Any, results: list[Result]) -> bool:
+        """Files one message from the decision queue; False after a failure."""
+        if isinstance(message, Result):
+            results.append(message)
+            return True
+        if message.kind == "ready":
+            self.ready = True
+            return True
+        if message.kind == "failed":
+            self._fail(f"the controller raised an exception:\n{message.payload}")
+            return False
+        raise RuntimeError(f"unexpected reply {message.kind!r} from the controller")
+
+    def _ask(self, kind: str, answer: str, **args: Any) -> Any:
+        """Sends a control message and waits (up to the timeout) for its reply; results
+        arriving first are kept for the next :meth:`poll`."""
+        if self.failure is not None:
+            return None
+        self._control(kind, **args)
+        deadline = time.monotonic() + min(self.timeout, _REPLY_TIMEOUT_S)
+        while time.monotonic() < deadline:
+            try:
+                message = self.channels.results.get(timeout=0.05)
+            except queue.Empty:
+                self._check_health()
+                if self.failure is not None:
+                    return None
+                continue
+            if isinstance(message, Reply) and message.kind == answer:
+                return message.payload
+            if not self._take(message, self._early):
+                return None
+        self._fail(f"no answer to {kind!r} within {min(self.timeout, _REPLY_TIMEOUT_S):.0f} s")
+        return None
+
+    def state_dict(self, live: Any, last_seq: int) -> dict | None:
+        return self._ask("state", "state", last_seq=last_seq, live=live)
+
+    def load_state_dict(self, state: dict, weights: Any) -> None:
+        self._ask("load", "loaded", state=state, weights=weights)
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            self._stop(graceful=False)
+
+    # -- per kind --------------------------------------------------------------------
+
+    def _check_health(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self, graceful: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.failure is None:
+            self._control("stop")
+        self._stop(graceful=self.failure is None)
+
+
+class ThreadExecutor(_QueueExecutor):
+    """The controller in a daemon thread of the training process. It shares torch's
+    thread pool with training, so ``reference_threads`` does not apply."""
+
+    name = "thread"
+
+    def __init__(self, spec: ControllerSpec, *, max_in_flight: int, timeout: float) -> None:
+        super().__init__(max_in_flight, timeout)
+        self.channels = Channels(
+            queue.Queue(max_in_flight + 1), queue.Queue(max_in_flight + 1), queue.Queue(), queue.Queue()
+        )
+        self._heartbeat = time.monotonic()
+        self._abandon = threading.Event()
+        spec.threads = None
+        service = Service(
+            spec.build(),
+            self.channels,
+            cpu_threshold=spec.cpu_threshold,
+            load=CpuLoad([_pid()]) if spec.cpu_threshold is not None else None,
+            beat=self._beat,
+            alive=lambda: not self._abandon.is_set() and threading.main_thread().is_alive(),
+        )
+        self.thread = threading.Thread(target=service.run, name="egeria-controller", daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        self._heartbeat = time.monotonic()
+
+    def _check_health(self) -> None:
+        if self.failure is not None:
+            return
+        if not self.thread.is_alive():
+            self._fail("the controller thread ended")
+        elif time.monotonic() - self._heartbeat > self.timeout:
+            self._fail(f"the controller gave no heartbeat for {self.timeout:g} s (hung)")
+
+    def _stop(self, graceful: bool) -> None:
+        self._abandon.set()
+        if graceful:
+            self.thread.join(timeout=2.0)
+
+
+class ProcessExecutor(_QueueExecutor):
+    """The controller in its own process (torch.multiprocessing; fork, spawn or forkserver).
+
+    Raises:
+        ControllerStartError: when the process cannot be started, e.g. the model cannot be
+            pickled for the ``spawn`` start method.
+    """
+
+    name = "process"
+
+    def __init__(self, spec: ControllerSpec, *, max_in_flight: int, timeout: float, start_method: str | None) -> None:
+        super().__init__(max_in_flight, timeout)
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context(start_method)
+        self.start_method = ctx.get_start_method()
+        self.channels = Channels(
+            ctx.Queue(max_in_flight + 1), ctx.Queue(max_in_flight + 1), ctx.Queue(), ctx.Queue()
+        )
+        for q in (self.channels.requests, self.channels.readouts, self.channels.control):
+            q.cancel_join_thread()  # never block interpreter exit on a dead controller's pipe
+        self._heartbeat = ctx.Value("d", time.monotonic(), lock=False)
+        self.process = ctx.Process(
+            target=process_main,
+            args=(spec, self.channels, self._heartbeat, _pid()),
+            name="egeria-controller",
+            daemon=True,
+        )
+        try:
+            self.process.start()
+        except Exception as err:  # pickling the model for spawn, resource limits
+            raise ControllerStartError(f"{type(err).__name__}: {err}") from err
+        self._started = time.monotonic()
+
+    def _send_request(self, request: Request) -> None:
+        problem = picklable(request.batch)
+        if problem is not None:
+            raise ControllerStartError(f"the evaluation batch cannot be sent to a process: {problem}")
+        super()._send_request(request)
+
+    def _check_health(self) -> None:
+        if self.failure is not None:
+            return
+        if not self.process.is_alive():
+            code = self.process.exitcode
+            if not self.ready:
+                raise ControllerStartError(
+                    f"the controller process exited with code {code} before it was ready"
+                    + (" (under the spawn start method, guard the script's training code with "
+                       "`if __name__ == '__main__':`)" if self.start_method != "fork" else "")
+                )
+            self._fail(f"the controller process exited with code {code}")
+        elif self.ready and time.monotonic() - self._heartbeat.value > self.timeout:
+            self._fail(f"the controller process gave no heartbeat for {self.timeout:g} s (hung)")
+        elif not self.ready and time.monotonic() - self._started > max(self.timeout, 60.0):
+            self._fail("the controller process did not start")
+
+    def _stop(self, graceful: bool) -> None:
+        if graceful:
+            self.process.join(timeout=2.0)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=1.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=1.0)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+
+def picklable(value: Any) -> str | None:
+    """None when ``value`` (its tensors aside) can be pickled, else the reason."""
+    try:
+        pickle.dumps(map_tensors(value, lambda t: None))
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def make_executor(
+    kind: str,
+    spec_factory: Callable[[], ControllerSpec],
+    *,
+    max_in_flight: int,
+    timeout: float,
+    start_method: str | None,
+) -> Executor:
+    """The executor of ``kind``; a process that cannot start falls back to a thread."""
+    if kind == "inline":
+        return InlineExecutor(spec_factory().build())
+    if kind == "process":
+        try:
+            return ProcessExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout, start_method=start_method)
+        except ControllerStartError as err:
+            logger.warning("Egeria: the controller process could not start (%s); running it in a thread", err)
+    return ThreadExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout)
