@@ -200,6 +200,12 @@ def _params_of(model, eg, module_name):
         ("modules", ["head"]),
         ("modules", "("),
         ("max_modules", 1),
+        ("executor", "gpu"),
+        ("start_method", "clone"),
+        ("max_in_flight", 0),
+        ("cpu_threshold", 1.5),
+        ("controller_timeout", 0),
+        ("max_lag_intervals", 0),
     ],
 )
 def test_invalid_config_names_field_and_value(field, value):

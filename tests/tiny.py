@@ -94,3 +94,25 @@ def checkpointed(model: nn.Module, optimizer: torch.optim.Optimizer, eg: egeria.
         copy.deepcopy(optimizer.state_dict()),
         json.loads(json.dumps(eg.state_dict())),
     )
+
+
+class Trapped(Chain):
+    """A Chain whose eval-mode forward (which only the controller runs) misbehaves:
+    ``trap`` is "raise", "hang" or "slow" (0.3 s per forward)."""
+
+    def __init__(self, trap: str | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.trap = trap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and self.trap == "raise":
+            raise RuntimeError("trapped forward")
+        if not self.training and self.trap == "hang":
+            import time
+
+            time.sleep(3600)
+        if not self.training and self.trap == "slow":
+            import time
+
+            time.sleep(0.3)
+        return super().forward(x)

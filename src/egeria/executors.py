@@ -118,7 +118,7 @@ class Executor:
     def state_dict(self, live: Any, last_seq: int) -> dict | None:
         raise NotImplementedError
 
-    def load_state_dict(self, state: dict, weights: Any) -> None:
+    def load_state_dict(self, state: dict, weights: Any, last_seq: int) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -158,7 +158,7 @@ class InlineExecutor(Executor):
     def state_dict(self, live: Any, last_seq: int) -> dict | None:
         return self.controller.state_dict(live)
 
-    def load_state_dict(self, state: dict, weights: Any) -> None:
+    def load_state_dict(self, state: dict, weights: Any, last_seq: int) -> None:
         self.controller.load_state_dict(state, weights)
 
     def close(self) -> None:
@@ -242,8 +242,8 @@ class _QueueExecutor(Executor):
     def state_dict(self, live: Any, last_seq: int) -> dict | None:
         return self._ask("state", "state", last_seq=last_seq, live=live)
 
-    def load_state_dict(self, state: dict, weights: Any) -> None:
-        self._ask("load", "loaded", state=state, weights=weights)
+    def load_state_dict(self, state: dict, weights: Any, last_seq: int) -> None:
+        self._ask("load", "loaded", state=state, weights=weights, last_seq=last_seq)
 
     def _fail(self, reason: str) -> None:
         if self.failure is None:

@@ -210,7 +210,7 @@ class ControllerLink:
         self.history = list(saved["history"])
         if saved["controller"] is not None:
             weights = self.executor.weights(state, self.keys.of(range(min(upto + 2, self.freezable + 1))))
-            self.executor.load_state_dict(saved["controller"], weights)
+            self.executor.load_state_dict(saved["controller"], weights, self.seq)
 
     def stats(self) -> dict:
         """Counts of the link: sent, dropped, answered, discarded decisions, lags, faults."""

@@ -178,6 +178,7 @@ class Service:
             self.state_request = dict(args)
         elif message.kind == "load":
             self.controller.load_state_dict(args["state"], as_mapping(args["weights"]))
+            self.done_seq = args["last_seq"]  # evaluations before the checkpoint were all answered
             self.ch.results.put(Reply("loaded"))
         else:
             raise ValueError(f"unknown control message {message.kind!r}")

@@ -147,6 +147,7 @@ def run_bench(
             "records": records,
             "events": list(eg.events),
             "plasticity": eg.history,
+            "controller": eg.controller_stats,
             "final": {"metric": records[-1]["metric"], "wall_time_s": wall, "total_flops": total_flops},
         }
     )

@@ -1,0 +1,305 @@
+"""The controller in a thread or a process: same decisions as inline, bounded queues,
+late decisions discarded, faults that never stop training, no orphan processes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import egeria
+from egeria.executors import InlineExecutor, ProcessExecutor, ThreadExecutor
+from egeria.protocol import Readout, Request
+from egeria.weights import PackedState
+from tiny import Chain, Trapped, batches, quick_config, train
+
+TESTS = Path(__file__).parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) is gone for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Recorder(InlineExecutor):
+    """An inline executor that keeps a copy of every message it was given."""
+
+    def __init__(self, controller) -> None:
+        super().__init__(controller)
+        self.messages: list = []
+
+    def weights(self, state, keys):
+        return PackedState(state, keys)
+
+    def _send_request(self, request: Request) -> None:
+        self.messages.append(("request", request))
+        super()._send_request(request)
+
+    def readout(self, readout: Readout) -> None:
+        self.messages.append(("readout", readout))
+        super().readout(readout)
+
+    def restart(self, generation: int, frozen: int, window: int) -> None:
+        self.messages.append(("restart", (generation, frozen, window)))
+        super().restart(generation, frozen, window)
+
+
+def _recorded_run(steps: int = 120):
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(), example_inputs=(torch.randn(4, 8),))
+    link = eg._link
+    recorder = Recorder(link.executor.controller)
+    link.executor = recorder
+    decisions = train(model, opt, eg, batches(1) * steps)
+    spec = eg._controller_spec()
+    eg.close()
+    return recorder.messages, decisions, spec
+
+
+def _replay(executor, messages) -> list:
+    """Sends the messages one evaluation at a time, waiting for each answer."""
+    answers = []
+    for kind, message in messages:
+        if kind == "request":
+            assert executor.offer(message)
+        elif kind == "readout":
+            executor.readout(message)
+            deadline = time.monotonic() + 60
+            got: list = []
+            while not got and time.monotonic() < deadline:
+                got = executor.poll()
+                time.sleep(0.005)
+            assert len(got) == 1, executor.failure
+            answers.append(got[0])
+        else:
+            executor.restart(*message)
+    executor.close()
+    return [(a.seq, a.step, a.module, a.reading, a.decision, a.note) for a in answers]
+
+
+@pytest.mark.parametrize("kind", ["thread", "process-fork", "process-spawn"])
+def test_thread_and_process_controllers_answer_exactly_as_inline(kind):
+    messages, decisions, spec = _recorded_run()
+    assert len(decisions) >= 2  # the recording includes freezes
+    spec.cpu_threshold = None
+    expected = _replay(InlineExecutor(spec.build()), messages)
+    torch.set_num_threads(1)  # the thread controller shares this pool; inline used 1 thread
+    if kind == "thread":
+        executor = ThreadExecutor(spec, max_in_flight=2, timeout=60)
+    else:
+        executor = ProcessExecutor(spec, max_in_flight=2, timeout=60, start_method=kind.split("-")[1])
+    assert _replay(executor, messages) == expected
+    assert any(d is not None for *_, d, _ in expected)
+
+
+def test_process_controller_freezes_without_making_training_wait():
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = quick_config(executor="process", eval_interval=4, cpu_threshold=None)
+    with egeria.Egeria(model, opt, config=config) as eg:
+        in_flight = []
+        decisions = train(model, opt, eg, batches(1) * 600, on_step=lambda i: in_flight.append(eg._link.executor.in_flight))
+        stats = eg.controller_stats
+        pid = eg._link.executor.pid
+    assert stats["executor"] == "process" and stats["failure"] is None
+    assert max(in_flight) <= config.max_in_flight
+    assert stats["sent"] == stats["answered"] + stats["in_flight"]
+    freezes = [d for d in decisions if d.action == "freeze"]
+    assert freezes, stats
+    bound = config.max_lag_intervals * config.eval_interval
+    assert all(0 <= d.step - d.evaluated_at <= bound for d in freezes)
+    assert not _alive(pid)
+
+
+def test_a_slow_controller_costs_dropped_evaluations_and_late_decisions_are_discarded():
+    torch.manual_seed(0)
+    model = Trapped("slow")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = quick_config(executor="thread", max_in_flight=1, max_lag_intervals=1, cpu_threshold=None)
+    eg = egeria.Egeria(model, opt, config=config)
+    data = batches(1) * 40
+
+    def slow_step(i: int) -> None:
+        time.sleep(0.02)  # the controller takes about 15 steps per evaluation
+
+    decisions = train(model, opt, eg, data, on_step=slow_step)
+    stats = eg.controller_stats
+    eg.close()
+    assert stats["dropped"] > 0
+    assert stats["sent"] + stats["dropped"] >= 30
+    assert decisions == [] or all(d.step - d.evaluated_at <= 1 for d in decisions)
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "controller" in r.getMessage()]
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+@pytest.mark.parametrize("trap", ["raise", "hang"])
+def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, executor, trap):
+    torch.manual_seed(0)
+    model = Trapped(trap)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = quick_config(executor=executor, controller_timeout=1.0, cpu_threshold=None)
+    eg = egeria.Egeria(model, opt, config=config)
+    before = None
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        for x, y in batches(1) * 200:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            eg.step(loss)
+            if eg.controller_stats["failure"] is not None and before is None:
+                before = {k: v.clone() for k, v in model.state_dict().items()}
+                time.sleep(0.01)
+            if eg.controller_stats["failure"] is None:
+                time.sleep(0.01)  # give the hang time to show
+        started = time.monotonic()
+        eg.close()
+        closing = time.monotonic() - started
+    stats = eg.controller_stats
+    assert stats["failure"] is not None
+    assert ("raised" in stats["failure"]) if trap == "raise" else ("heartbeat" in stats["failure"])
+    assert len(_warnings(caplog)) == 1
+    assert eg.frozen == [] and before is not None
+    assert not torch.equal(model.head.weight, before["head.weight"])  # it kept training
+    assert closing < 10
+    if executor == "process":
+        assert not _alive(eg._link.executor.pid)
+
+
+def test_a_killed_controller_process_is_noticed_and_training_goes_on(caplog):
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(executor="process", eval_interval=2, cpu_threshold=None))
+    data = batches(1) * 300
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, data[:20])
+        os.kill(eg._link.executor.pid, 9)
+        time.sleep(0.2)
+        frozen = list(eg.frozen)
+        train(model, opt, eg, data[20:])
+        eg.close()
+    stats = eg.controller_stats
+    assert "exited" in stats["failure"]
+    assert len(_warnings(caplog)) == 1
+    assert eg.frozen == [] or eg.frozen[: len(frozen)] == frozen
+
+
+def test_an_unpicklable_batch_falls_back_to_a_thread(caplog):
+    class Keyed(Chain):
+        def forward(self, x, scale=None):
+            return super().forward(x * scale())
+
+    torch.manual_seed(0)
+    model = Keyed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(executor="process", cpu_threshold=None))
+    decisions = []
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        for x, y in batches(1) * 150:
+            loss = torch.nn.functional.cross_entropy(model(x, scale=lambda: 1.0), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            d = eg.step(loss)
+            decisions += [d] if d else []
+            time.sleep(0.002)
+    stats = eg.controller_stats
+    eg.close()
+    assert stats["executor"] == "thread" and len(stats["fallbacks"]) == 1
+    assert "cannot be sent" in stats["fallbacks"][0]
+    assert any("runs in a thread" in m for m in _warnings(caplog))
+    assert decisions, stats
+
+
+def test_an_unpicklable_model_under_spawn_falls_back_to_a_thread(caplog):
+    torch.manual_seed(0)
+    model = Chain()
+    model.callback = lambda: None  # spawn must pickle the model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        eg = egeria.Egeria(
+            model, opt, config=quick_config(executor="process", start_method="spawn"), example_inputs=(torch.randn(4, 8),)
+        )
+    assert eg.controller_stats["executor"] == "thread"
+    assert any("could not start" in m for m in _warnings(caplog))
+    eg.close()
+
+
+def test_closing_inside_with_on_keyboard_interrupt_stops_the_controller():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        with egeria.Egeria(model, opt, config=quick_config(executor="process")) as eg:
+            train(model, opt, eg, batches(1) * 5)
+            pid = eg._link.executor.pid
+            raise KeyboardInterrupt
+    assert not _alive(pid)
+
+
+def test_no_orphan_process_after_an_interrupted_script_that_never_closes(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(TESTS)!r})
+            import torch, egeria
+            from tiny import Chain, batches, quick_config, train
+            model = Chain()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            eg = egeria.Egeria(model, opt, config=quick_config(executor="process"))
+            train(model, opt, eg, batches(1) * 5)
+            print(eg._link.executor.pid, flush=True)
+            raise KeyboardInterrupt
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "KeyboardInterrupt" in done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def test_checkpoint_in_process_mode_waits_for_the_controller_and_resumes():
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = quick_config(executor="process", eval_interval=2, cpu_threshold=None)
+    eg = egeria.Egeria(model, opt, config=config)
+    train(model, opt, eg, batches(1) * 40)
+    state = eg.state_dict()
+    assert eg.controller_stats["in_flight"] == 0  # the checkpoint waited for every answer
+    assert state["link"]["controller"] is not None
+    eg.close()
+    eg2 = egeria.Egeria(model, opt, config=config, example_inputs=(torch.randn(4, 8),))
+    eg2.load_state_dict(state)
+    again = eg2.state_dict()
+    assert again["link"]["controller"] == state["link"]["controller"] | {"waited_s": again["link"]["controller"]["waited_s"]}
+    assert eg2.history == eg.history
+    train(model, opt, eg2, batches(1) * 10)
+    assert len(eg2.history) > len(eg.history)
+    eg2.close()
