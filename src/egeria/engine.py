@@ -149,6 +149,7 @@ class Egeria:
         self._bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
         self._losses: list[Any] = []
         self._link: ControllerLink | None = None
+        self._cache: Any = None  # an egeria.cache.ActivationCache once cache_loader() is called
         self._armed = False  # set by _arm_next once the layer modules are known
         self._capturing = False
         self._internal_forward = False
@@ -201,6 +202,77 @@ class Egeria:
         """The controller link's counts: executor, evaluations sent, dropped and answered,
         decisions discarded as too late, the lag (in steps) of every answer, faults."""
         return {} if self._link is None else self._link.stats()
+
+    @property
+    def cache_stats(self) -> dict:
+        """The activation cache's counts (batches served, computed, prefetch hit rate) and
+        each cache level's tier, size and choice; empty without :meth:`cache_loader`."""
+        return {} if self._cache is None else self._cache.summary()
+
+    def cache_loader(
+        self,
+        loader: Any,
+        *,
+        memory_limit: int = 2 * 2**30,
+        disk_limit: int = 16 * 2**30,
+        directory: str | None = None,
+        storage_dtype: torch.dtype | None = None,
+        prefetch: int = 4,
+    ) -> Any:
+        """Wraps the training ``DataLoader`` so frozen modules' outputs are cached and their
+        forward pass is skipped (see :mod:`egeria.cache`). Iterate over what it returns
+        instead of ``loader``; batches are unchanged.
+
+        Args:
+            memory_limit: bytes of cached activations kept in memory.
+            disk_limit: bytes of cached activations kept on disk when memory is too small.
+            directory: where disk caches go (a temporary directory by default).
+            storage_dtype: ``torch.bfloat16`` or ``torch.float16`` to store floating
+                activations in half the bytes; not exact (the default keeps their dtype).
+            prefetch: batches read ahead in a background thread (0: none).
+
+        Returns:
+            The wrapped loader, or ``loader`` itself when its data is random (a transform
+            that is not a pure function of the sample; a warning says why).
+
+        Raises:
+            ValueError: for a bad limit, dtype or loader.
+        """
+        from .cache import ActivationCache, CachedLoader, Keyed, random_reason
+
+        for name, value in (("memory_limit", memory_limit), ("disk_limit", disk_limit), ("prefetch", prefetch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"cache_loader({name}={value!r}): must be an integer >= 0")
+        if storage_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"cache_loader(storage_dtype={storage_dtype!r}): use None, torch.bfloat16 or torch.float16")
+        dataset = getattr(loader, "dataset", None)
+        reason = None if dataset is None else random_reason(dataset)
+        if reason is not None:
+            logger.warning("Egeria: not caching activations: %s", reason)
+            return loader
+        wrapped = CachedLoader(loader, lambda plan: None, lambda position, keys: None)  # checks the loader
+        rows = len(dataset) * Keyed(dataset).variants
+        if self._cache is not None and self._cache.rows != rows:
+            raise ValueError(
+                f"cache_loader: this Egeria caches {self._cache.rows} sample keys, the new loader has {rows}; "
+                "wrap one training loader"
+            )
+        if self._cache is None:
+            self._cache = ActivationCache(
+                self.model,
+                lambda: self._partition,
+                rows,
+                memory_limit=memory_limit,
+                disk_limit=disk_limit,
+                directory=directory,
+                storage_dtype=storage_dtype,
+                prefetch=prefetch,
+                internal=lambda: self._internal_forward,
+                eval_forward=self._internal_eval_forward,
+            )
+            self._cache.set_frozen(self._frozen)
+        wrapped.on_epoch, wrapped.on_batch = self._cache.on_epoch, self._cache.on_batch
+        return wrapped
 
     @property
     def partition(self) -> Partition:
@@ -321,6 +393,8 @@ class Egeria:
         freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
         self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
         self._frozen += 1
+        if self._cache is not None:
+            self._cache.set_frozen(self._frozen)
 
     def _maybe_unfreeze(self) -> Decision | None:
         if self._frozen == 0:
@@ -347,6 +421,8 @@ class Egeria:
             lock.release(self.model.training)
         self._locks = []
         self._frozen = 0
+        if self._cache is not None:
+            self._cache.set_frozen(0)
         self._lr_at_freeze = None
         self._freeze_step = None
 
@@ -588,6 +664,8 @@ class Egeria:
             self._trace = None
         if self._link is not None:
             self._link.close()
+        if self._cache is not None:
+            self._cache.close()
         if self.policy is not None:
             self.policy.unbind()
         self._captured_batch = self._captured_activation = None

@@ -1,0 +1,422 @@
+"""The activation cache: skip the frozen prefix's forward pass (paper 4.3, Figure 7).
+
+Once modules ``0..f-1`` are frozen, the output of module ``f-1`` for a sample is a pure
+function of the sample (frozen weights, BatchNorm and dropout locked in eval mode). A
+*level* of the cache holds that output for every sample key, keyed by the loader's keys:
+
+* **recording**: a batch with any key missing runs the prefix as usual; a hook on the
+  boundary block writes its output into the level's table. When an older, shallower level
+  has the whole batch, its cached output is fed in and only the newly frozen modules run
+  (a deeper boundary is built from the old cache). Once the new level holds every key,
+  the older levels are dropped.
+* **serving**: a batch whose keys are all present skips the prefix: its blocks are
+  stubbed for that call and the boundary block returns the cached output, read ahead by
+  the prefetcher.
+
+Safety, checked per level: the model must be a chain at the boundary (checked once by
+running one batch both ways in eval mode and comparing the model's outputs); the
+boundary output must be batch-first; serving must be cheaper than computing (the prefix's
+measured compute time against a measured read; otherwise the level keeps computing and
+the choice is logged); the table must fit the memory or the disk limit. Any unfreeze
+drops every level. A corrupt row is recomputed; a failed write turns caching off with one
+warning. None of these change what the model computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch import nn
+
+from ..partition import Partition
+from .prefetch import Prefetcher, to_device
+from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed
+from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table
+
+__all__ = ["ActivationCache"]
+
+logger = logging.getLogger(__name__)
+
+_TIMING_SAMPLES = 3
+
+
+class _Level:
+    """The cache for a frozen prefix of ``frozen`` modules."""
+
+    def __init__(self, frozen: int, partition: Partition) -> None:
+        self.frozen = frozen
+        self.blocks = [b for m in partition.modules[:frozen] for b in m.blocks]
+        self.boundary = partition.modules[frozen - 1].output_block
+        self.tables: list[Table] | None = None
+        self.template: Any = None
+        self.specs: dict[str, Spec] = {}
+        self.validated: bool | None = None
+        self.serving: bool | None = None
+        self.compute_s: list[float] = []
+        self.off: str | None = None  # why this level caches nothing
+        self.handle: Any = None
+
+    def has(self, keys: list[int]) -> bool:
+        return self.tables is not None and self.off is None and all(t.has(keys) for t in self.tables)
+
+    @property
+    def complete(self) -> bool:
+        return self.tables is not None and all(bool(t.written.all()) for t in self.tables)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.tables is None else sum(t.nbytes for t in self.tables)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        for table in self.tables or []:
+            table.close()
+        self.tables = None
+
+
+class ActivationCache:
+    """Serves the frozen prefix's outputs from memory or disk (see the module docstring).
+
+    Args:
+        model: the training model.
+        partition: returns its layer modules (known after the first forward pass).
+        rows: number of sample keys (dataset length x augmentation variants).
+        memory_limit, disk_limit: bytes the tables may use in memory / on disk.
+        directory: where disk tables go (a temporary directory by default).
+        storage_dtype: keep rows in this dtype (e.g. ``torch.bfloat16``) instead of the
+            activation's own; not exact.
+        prefetch: batches read ahead.
+        internal: true while Egeria runs a forward pass of its own.
+        eval_forward: a context for Egeria's own eval-mode, no-grad forward passes.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        partition: Callable[[], Partition | None],
+        rows: int,
+        *,
+        memory_limit: int,
+        disk_limit: int,
+        directory: str | None,
+        storage_dtype: torch.dtype | None,
+        prefetch: int,
+        internal: Callable[[], bool],
+        eval_forward: Callable[[], ContextManager[None]],
+    ) -> None:
+        self.model = model
+        self._partition = partition
+        self.rows = rows
+        self.memory_limit = memory_limit
+        self.disk_limit = disk_limit
+        self.directory = directory
+        self.storage_dtype = storage_dtype
+        self._internal = internal
+        self._eval_forward = eval_forward
+        self.frozen = 0
+        self.levels: dict[int, _Level] = {}
+        self.off: str | None = None
+        self.plan: list[list[int]] = []
+        self.position = -1
+        self._keys: list[int] | None = None
+        self._stubs: list[nn.Module] = []
+        self._recording: tuple[_Level, list[int], float] | None = None
+        self._self_forward = False
+        self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
+        self.stats = {"served": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
+        self._handles = [
+            model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True),
+            model.register_forward_hook(self._on_forward_end, always_call=True),
+        ]
+
+    # -- what the loader and the engine tell it ---------------------------------------
+
+    def on_epoch(self, plan: list[list[int]]) -> None:
+        self.plan = plan
+        if self.prefetcher is not None:
+            self.prefetcher.clear()
+
+    def on_batch(self, position: int, keys: list[int]) -> None:
+        self.position = position
+        self._keys = keys
+        self._prefetch_ahead()
+
+    def set_frozen(self, frozen: int) -> None:
+        """The frozen prefix is now ``frozen`` modules; an unfreeze drops every level."""
+        if frozen < self.frozen:
+            self._drop(lambda level: True)
+            if self.prefetcher is not None:
+                self.prefetcher.clear()
+        self.frozen = frozen
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        remove_stubs(self._stubs)
+        self._stubs = []
+        self._recording = None
+        keys, self._keys = self._keys, None
+        if keys is None or self._self_forward or self._internal() or not module.training or self.off or self.frozen == 0:
+            return
+        level = self._level()
+        if level is None or level.off is not None:
+            return
+        batch = len(keys)
+        first = leaves((args, kwargs))
+        if not first or first[0].dim() == 0 or first[0].shape[0] != batch:
+            self._turn_off(f"the batch's first input does not have the {batch} samples of its keys in dimension 0")
+            return
+        self.stats["batches"] += 1
+        if level.has(keys) and level.serving is not False:
+            output = self._cached(level, keys, args, kwargs)
+            if output is not None:
+                self._stubs = install_stubs(self.model, level.blocks, level.boundary, output, level.specs, batch)
+                self.stats["served"] += 1
+                return
+        older = self._older_with(keys, level)
+        if older is not None:
+            output = self._cached(older, keys, args, kwargs)
+            if output is not None:
+                self._stubs = install_stubs(self.model, older.blocks, older.boundary, output, older.specs, batch)
+                self.stats["chained"] += 1
+        self.stats["computed"] += 1
+        self._recording = (level, keys, time.perf_counter())
+        self._capture_specs(level, batch)
+
+    def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._self_forward:
+            return
+        remove_stubs(self._stubs)
+        self._stubs = []
+        self._recording = None
+        for handle in getattr(self, "_spec_handles", []):
+            handle.remove()
+        self._spec_handles = []
+
+    def _on_boundary(self, level: _Level) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            recording = self._recording
+            if recording is None or recording[0] is not level or self.off:
+                return
+            _, keys, started = recording
+            if not self._stubs:  # the whole prefix ran: a fair compute time
+                level.compute_s.append(time.perf_counter() - started)
+            try:
+                self._write(level, keys, output)
+            except StoreFull as err:
+                self._turn_off(f"a cache write failed ({err})")
+
+        return hook
+
+    def _capture_specs(self, level: _Level, batch: int) -> None:
+        missing = [b for b in level.blocks if b not in level.specs]
+        handles = []
+        for name in missing:
+            def grab(module: nn.Module, args: tuple, output: Any, name: str = name) -> None:
+                level.specs[name] = Spec(output, batch)
+
+            handles.append(self.model.get_submodule(name).register_forward_hook(grab))
+        self._spec_handles = handles
+
+    # -- levels ----------------------------------------------------------------------
+
+    def _level(self) -> _Level | None:
+        if self.frozen not in self.levels:
+            partition = self._partition()
+            if partition is None:
+                return None
+            level = _Level(self.frozen, partition)
+            level.handle = self.model.get_submodule(level.boundary).register_forward_hook(self._on_boundary(level))
+            self.levels[self.frozen] = level
+        return self.levels[self.frozen]
+
+    def _older_with(self, keys: list[int], level: _Level) -> _Level | None:
+        older = [lv for f, lv in self.levels.items() if f < level.frozen and lv.validated and lv.has(keys)]
+        return max(older, key=lambda lv: lv.frozen) if older else None
+
+    def _write(self, level: _Level, keys: list[int], output: Any) -> None:
+        tensors = leaves(output)
+        if level.tables is None:
+            if not self._make_tables(level, output, len(keys)):
+                return
+        for table, tensor in zip(level.tables, tensors):
+            table.write(keys, tensor)
+        if level.complete:  # shallower levels are no longer needed to build this one
+            self._drop(lambda lv: lv.frozen < level.frozen)
+
+    def _make_tables(self, level: _Level, output: Any, batch: int) -> bool:
+        tensors = leaves(output)
+        if not tensors or any(t.dim() == 0 or t.shape[0] != batch for t in tensors):
+            level.off = "the boundary block's output is not batch-first"
+            logger.info("activation cache off for %s: %s", level.boundary, level.off)
+            return False
+        storage = self.storage_dtype
+        need = sum(
+            self.rows * Table.row_bytes(t.shape[1:], storage if storage and t.is_floating_point() else t.dtype) for t in tensors
+        )
+        in_memory = sum(lv.nbytes for lv in self.levels.values() if lv.tables and lv.tables[0].kind == "memory")
+        on_disk = sum(lv.nbytes for lv in self.levels.values() if lv.tables and lv.tables[0].kind == "disk")
+        if in_memory + need <= self.memory_limit:
+            make = lambda shape, dtype, st: MemoryTable(self.rows, shape, dtype, st)  # noqa: E731
+            tier = "memory"
+        elif on_disk + need <= self.disk_limit:
+            make = lambda shape, dtype, st: DiskTable(self.rows, shape, dtype, st, directory=self.directory)  # noqa: E731
+            tier = "disk"
+        else:
+            level.off = (
+                f"it needs {need / 2**20:.0f} MiB, over the memory limit ({self.memory_limit / 2**20:.0f} MiB) "
+                f"and the disk limit ({self.disk_limit / 2**20:.0f} MiB)"
+            )
+            logger.info("activation cache off for %s: %s", level.boundary, level.off)
+            return False
+        try:
+            level.tables = [
+                make(t.shape[1:], t.dtype, storage if storage and t.is_floating_point() else None) for t in tensors
+            ]
+        except OSError as err:
+            self._turn_off(f"a cache file could not be created ({err})")
+            return False
+        level.template = _template(output)
+        logger.info(
+            "activation cache for %s: %s, %.1f MiB (%d keys, %.1f KiB each)",
+            level.boundary, tier, need / 2**20, self.rows, need / self.rows / 1024,
+        )
+        return True
+
+    def _drop(self, which: Callable[[_Level], bool]) -> None:
+        for frozen in [f for f, lv in self.levels.items() if which(lv)]:
+            self.levels.pop(frozen).close()
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _read(self, level: _Level, keys: list[int]) -> Any:
+        assert level.tables is not None
+        device = _device(self.model)
+        return rebuild(level.template, [to_device(t.read(keys), device) for t in level.tables])
+
+    def _cached(self, level: _Level, keys: list[int], args: tuple, kwargs: dict) -> Any:
+        """The level's output for ``keys`` (prefetched, or read now), after the level's
+        one-time checks; None when it must be computed instead."""
+        found, output, error = (False, None, None)
+        if self.prefetcher is not None:
+            found, output, error = self.prefetcher.take(level, self.position)
+        started = time.perf_counter()
+        if not found:
+            self.stats["prefetch_misses"] += 1
+            try:
+                output = self._read(level, keys)
+            except CorruptRows as err:
+                error = err
+        else:
+            self.stats["prefetch_hits"] += 1
+        read_s = time.perf_counter() - started
+        if error is not None:
+            self.stats["corrupt"] += 1
+            logger.warning("activation cache: %s; recomputing the batch", error)
+            for table in level.tables or []:
+                table.forget(keys)
+            return None
+        if level.validated is None:
+            level.validated = self._validate(level, output, args, kwargs, len(keys))
+            if not level.validated:
+                return None
+        if level.serving is None and not found:
+            level.serving = self._pays(level, read_s)
+        return output if level.serving is not False else None
+
+    def _validate(self, level: _Level, output: Any, args: tuple, kwargs: dict, batch: int) -> bool:
+        """Runs the batch both ways (eval mode, no gradients): is the model a chain here?"""
+        self._self_forward = True
+        try:
+            with self._eval_forward():
+                full = self.model(*args, **kwargs)
+                with stubbed(self.model, level.blocks, level.boundary, output, level.specs, batch):
+                    cached = self.model(*args, **kwargs)
+        except Exception as err:
+            ok, why = False, f"{type(err).__name__}: {err}"
+        else:
+            ok, why = same_outputs(full, cached), "feeding the cached output gives other model outputs"
+        finally:
+            self._self_forward = False
+        if not ok:
+            level.off = f"the model is not a chain at {level.boundary} ({why})"
+            logger.warning("activation cache off for %s: %s", level.boundary, level.off)
+            level.close()
+        return ok
+
+    def _pays(self, level: _Level, read_s: float) -> bool:
+        if len(level.compute_s) < _TIMING_SAMPLES:
+            return True  # too few measurements yet: serve (it is exact either way)
+        compute = statistics.median(level.compute_s)
+        pays = read_s < compute
+        logger.info(
+            "activation cache for %s: reading a batch takes %.1f ms, computing the prefix %.1f ms: %s",
+            level.boundary, 1e3 * read_s, 1e3 * compute, "serving from the cache" if pays else "computing is cheaper, computing",
+        )
+        return pays
+
+    def _prefetch_ahead(self) -> None:
+        if self.prefetcher is None or self.off:
+            return
+        level = self.levels.get(self.frozen)
+        if level is None or level.off or level.serving is False:
+            return
+        for position in range(self.position + 1, min(self.position + 1 + self.prefetcher.depth, len(self.plan))):
+            keys = self.plan[position]
+            if level.has(keys):
+                self.prefetcher.schedule(level, position, keys)
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def _turn_off(self, reason: str) -> None:
+        if self.off is None:
+            self.off = reason
+            logger.warning("Egeria: activation caching turned off: %s; training goes on computing every layer", reason)
+        self._drop(lambda level: True)
+
+    def summary(self) -> dict:
+        """Counts, prefetch hit rate, and each level's tier, bytes and choice."""
+        served = self.stats["prefetch_hits"] + self.stats["prefetch_misses"]
+        return {
+            **self.stats,
+            "prefetch_hit_rate": self.stats["prefetch_hits"] / served if served else None,
+            "off": self.off,
+            "levels": {
+                lv.boundary: {
+                    "frozen": lv.frozen,
+                    "tier": None if not lv.tables else lv.tables[0].kind,
+                    "bytes": lv.nbytes,
+                    "complete": lv.complete,
+                    "serving": lv.serving,
+                    "off": lv.off,
+                }
+                for lv in self.levels.values()
+            },
+        }
+
+    def close(self) -> None:
+        remove_stubs(self._stubs)
+        self._stubs = []
+        for handle in self._handles:
+            handle.remove()
+        self._drop(lambda level: True)
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+
+def _template(output: Any) -> Any:
+    from ..nested import map_tensors
+
+    return map_tensors(output, lambda t: None)
+
+
+def _device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

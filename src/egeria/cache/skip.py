@@ -1,0 +1,106 @@
+"""Skipping the frozen prefix's forward pass without touching the model's ``forward``.
+
+While a batch is served from the cache, every block of the frozen prefix has its
+``forward`` replaced for that one call: the boundary block (the prefix's last) returns
+the cached output, the other prefix blocks return zeros of the shape they returned when
+last computed (their results only feed the boundary block in a chain). Code of the
+model's own ``forward`` between blocks (activations, adding position embeddings, masks
+for later blocks) still runs. Whether the model really is a chain at the boundary is
+checked once per boundary by :func:`same_outputs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..nested import map_tensors
+
+__all__ = ["Spec", "spec_of", "install_stubs", "remove_stubs", "stubbed", "leaves", "rebuild", "same_outputs"]
+
+
+class Spec:
+    """A block output's structure: tensor leaves as (shape, dtype, batch-first)."""
+
+    def __init__(self, output: Any, batch: int) -> None:
+        self.template = map_tensors(output, lambda t: None)
+        self.tensors = [(tuple(t.shape), t.dtype, t.device, t.dim() > 0 and t.shape[0] == batch) for t in leaves(output)]
+
+    def zeros(self, batch: int) -> Any:
+        made = [
+            torch.zeros((batch, *shape[1:]) if batch_first else shape, dtype=dtype, device=device)
+            for shape, dtype, device, batch_first in self.tensors
+        ]
+        return rebuild(self.template, made)
+
+
+def spec_of(output: Any, batch: int) -> Spec:
+    return Spec(output, batch)
+
+
+def leaves(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(value, lambda t: found.append(t) or t)
+    return found
+
+
+def rebuild(template: Any, tensors: Sequence[torch.Tensor]) -> Any:
+    """``template`` (tensors replaced by None) with its tensor places filled in order."""
+    it = iter(tensors)
+
+    def fill(value: Any) -> Any:
+        if value is None:
+            return next(it)
+        if isinstance(value, tuple):
+            return tuple(fill(v) for v in value)
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        return value
+
+    return fill(template)
+
+
+def install_stubs(model: nn.Module, blocks: Sequence[str], boundary: str, output: Any, specs: dict[str, Spec], batch: int) -> list[nn.Module]:
+    """Makes ``blocks`` of ``model`` skip their work, ``boundary`` returning ``output``;
+    returns the modules to hand to :func:`remove_stubs`."""
+    replaced: list[nn.Module] = []
+    for name in blocks:
+        module = model.get_submodule(name)
+        if name == boundary:
+            module.forward = _returning(lambda: output)
+        else:
+            module.forward = _returning(lambda spec=specs[name]: spec.zeros(batch))
+        replaced.append(module)
+    return replaced
+
+
+def remove_stubs(modules: Sequence[nn.Module]) -> None:
+    for module in modules:
+        module.__dict__.pop("forward", None)
+
+
+@contextlib.contextmanager
+def stubbed(model: nn.Module, blocks: Sequence[str], boundary: str, output: Any, specs: dict[str, Spec], batch: int) -> Iterator[None]:
+    """:func:`install_stubs` for the body only."""
+    replaced = install_stubs(model, blocks, boundary, output, specs, batch)
+    try:
+        yield
+    finally:
+        remove_stubs(replaced)
+
+
+def _returning(make: Callable[[], Any]) -> Callable[..., Any]:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return make()
+
+    return forward
+
+
+def same_outputs(a: Any, b: Any, *, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    xs, ys = leaves(a), leaves(b)
+    return len(xs) == len(ys) and all(x.shape == y.shape and torch.allclose(x.float(), y.float(), rtol=rtol, atol=atol) for x, y in zip(xs, ys))
