@@ -34,7 +34,7 @@ from torch import nn
 
 from ..partition import Partition
 from .prefetch import Prefetcher, to_device
-from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed
+from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
 from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table
 
 __all__ = ["ActivationCache"]
@@ -282,7 +282,7 @@ class ActivationCache:
         except OSError as err:
             self._turn_off(f"a cache file could not be created ({err})")
             return False
-        level.template = _template(output)
+        level.template = template_of(output)
         logger.info(
             "activation cache for %s: %s, %.1f MiB (%d keys, %.1f KiB each)",
             level.boundary, tier, need / 2**20, self.rows, need / self.rows / 1024,
@@ -408,12 +408,6 @@ class ActivationCache:
         self._drop(lambda level: True)
         if self.prefetcher is not None:
             self.prefetcher.close()
-
-
-def _template(output: Any) -> Any:
-    from ..nested import map_tensors
-
-    return map_tensors(output, lambda t: None)
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -19,14 +19,29 @@ from torch import nn
 
 from ..nested import map_tensors
 
-__all__ = ["Spec", "spec_of", "install_stubs", "remove_stubs", "stubbed", "leaves", "rebuild", "same_outputs"]
+__all__ = ["template_of", "Spec", "spec_of", "install_stubs", "remove_stubs", "stubbed", "leaves", "rebuild", "same_outputs"]
+
+
+class _Slot:
+    """Marks where a tensor goes in an output's structure."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+_SLOT = _Slot()
+
+
+def template_of(output: Any) -> Any:
+    """``output`` with each tensor replaced by a slot marker (other values kept)."""
+    return map_tensors(output, lambda t: _SLOT)
 
 
 class Spec:
     """A block output's structure: tensor leaves as (shape, dtype, batch-first)."""
 
     def __init__(self, output: Any, batch: int) -> None:
-        self.template = map_tensors(output, lambda t: None)
+        self.template = template_of(output)
         self.tensors = [(tuple(t.shape), t.dtype, t.device, t.dim() > 0 and t.shape[0] == batch) for t in leaves(output)]
 
     def zeros(self, batch: int) -> Any:
@@ -48,11 +63,11 @@ def leaves(value: Any) -> list[torch.Tensor]:
 
 
 def rebuild(template: Any, tensors: Sequence[torch.Tensor]) -> Any:
-    """``template`` (tensors replaced by None) with its tensor places filled in order."""
+    """``template`` (from :func:`template_of`) with its tensor slots filled in order."""
     it = iter(tensors)
 
     def fill(value: Any) -> Any:
-        if value is None:
+        if value is _SLOT:
             return next(it)
         if isinstance(value, tuple):
             return tuple(fill(v) for v in value)

@@ -1,0 +1,282 @@
+"""The activation cache: with it on, every loss and gradient equals the uncached run's,
+through freezes, deeper boundaries, unfreezes, disk storage, corrupt files and failing
+writes; limits hold; random data and non-chain models are refused."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import egeria
+from egeria.cache import Augmented
+from egeria.models import TransformerLM
+from egeria.policies.base import StatelessPolicy
+from tiny import tiny_cnn
+
+
+class Schedule(StatelessPolicy):
+    """Freezes ``target`` leading modules from the given steps on: {step: count}."""
+
+    name = "schedule"
+
+    def __init__(self, plan: dict[int, int]) -> None:
+        self.plan = plan
+
+    def target(self, info):
+        return self.plan.get(info.step)
+
+
+def images(n: int = 96):
+    g = torch.Generator().manual_seed(3)
+    return torch.utils.data.TensorDataset(torch.randn(n, 1, 12, 12, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+def tokens(n: int = 64, vocab: int = 50, length: int = 12):
+    g = torch.Generator().manual_seed(4)
+    seq = torch.randint(0, vocab, (n, length + 1), generator=g)
+    return torch.utils.data.TensorDataset(seq[:, :-1], seq[:, 1:])
+
+
+def classify(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def language(model, batch):
+    x, y = batch
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on_step=None):
+    """Trains with a scheduled policy; returns per-step (loss, grads), Egeria's cache stats."""
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    eg = egeria.Egeria(model, opt, policy=Schedule(plan))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(5))
+    if cache is not None:
+        loader = eg.cache_loader(loader, **cache)
+    trace = []
+    model.train()
+    for epoch in range(epochs):
+        if isinstance(dataset, Augmented):
+            dataset.set_epoch(epoch)  # as a user does without the cache (the cache does it too)
+        for batch in loader:
+            loss = loss_fn(model, batch)
+            opt.zero_grad()
+            loss.backward()
+            trace.append((loss.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+            opt.step()
+            eg.step(loss)
+            if on_step is not None:
+                on_step(eg, len(trace))
+    stats = eg.cache_stats
+    eg.close()
+    return trace, stats
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for (loss_a, grads_a), (loss_b, grads_b) in zip(a, b):
+        torch.testing.assert_close(loss_b, loss_a)
+        assert grads_a.keys() == grads_b.keys()
+        for name in grads_a:
+            torch.testing.assert_close(grads_b[name], grads_a[name], msg=name)
+
+
+# 6 batches per epoch: freeze 1 module at step 3, 2 at step 15, unfreeze at 27, refreeze at 30.
+PLAN = {3: 1, 15: 2, 27: 0, 30: 2}
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_resnet_cache_gives_the_same_losses_and_gradients(tier, tmp_path):
+    plain, _ = run(tiny_cnn, images(), PLAN, epochs=7)
+    limits = {"memory_limit": 2**30} if tier == "memory" else {"memory_limit": 0, "directory": str(tmp_path)}
+    cached, stats = run(tiny_cnn, images(), PLAN, epochs=7, cache=limits)
+    assert_same(plain, cached)
+    assert stats["served"] >= 12 and stats["chained"] >= 1, stats
+    assert all(level["tier"] == tier for level in stats["levels"].values())
+
+
+def test_transformer_lm_cache_gives_the_same_losses_and_gradients():
+    def lm():
+        return TransformerLM(50, d_model=16, n_heads=2, n_layers=4, d_ff=32, max_len=16, dropout=0.1)
+
+    plan = {3: 2, 10: 3}
+    plain, _ = run(lm, tokens(), plan, epochs=5, loss_fn=language)
+    cached, stats = run(lm, tokens(), plan, epochs=5, loss_fn=language, cache={})
+    assert_same(plain, cached)
+    assert stats["served"] >= 4 and stats["chained"] >= 1, stats
+
+
+class HFBlock(nn.Module):
+    """Takes a mask, returns a tuple, as Hugging Face layers do."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, hidden, attention_mask=None):
+        out = hidden + self.drop(torch.tanh(self.fc(hidden)))
+        if attention_mask is not None:
+            out = out * attention_mask[..., None]
+        return (out, None)
+
+
+class HFModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.layers = nn.ModuleList(HFBlock(8) for _ in range(4))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        mask = (x[..., 0] > -5).float()
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask)[0]
+        return self.head(h.mean(1))
+
+
+def test_blocks_with_masks_and_tuple_outputs_are_skipped_too():
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 5, 6, generator=g), torch.randint(0, 3, (64,), generator=g))
+    plain, _ = run(HFModel, data, {3: 2}, epochs=4)
+    cached, stats = run(HFModel, data, {3: 2}, epochs=4, cache={})
+    assert_same(plain, cached)
+    assert stats["served"] >= 8, stats
+
+
+def test_a_corrupt_or_truncated_cache_file_is_detected_and_the_batch_recomputed(tmp_path, caplog):
+    def damage(eg, step):
+        level = next(iter(eg._cache.levels.values()), None)
+        if level is None or not level.tables:
+            return
+        table = level.tables[0]
+        if step == 14:  # flip bytes in the middle of the file
+            os.pwrite(table.fd, b"\xff" * 64, table.stride * 5 + 10)
+        if step == 26:
+            os.ftruncate(table.fd, table.stride * 40)
+
+    plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        cached, stats = run(
+            tiny_cnn, images(), {3: 2}, epochs=6, cache={"memory_limit": 0, "directory": str(tmp_path), "prefetch": 0}, on_step=damage
+        )
+    assert_same(plain, cached)
+    assert stats["corrupt"] >= 2, stats
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "checksum" in messages and "truncated" in messages
+
+
+def test_a_failing_write_turns_caching_off_once_and_training_goes_on(tmp_path, caplog, monkeypatch):
+    def full(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=3)
+    monkeypatch.setattr(os, "pwrite", full)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=3, cache={"memory_limit": 0, "directory": str(tmp_path)})
+    assert_same(plain, cached)
+    assert "No space left" in stats["off"] and stats["served"] == 0
+    assert sum("caching turned off" in r.getMessage() for r in caplog.records) == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_limits_hold_and_a_cache_over_both_limits_is_not_built(tmp_path):
+    seen = []
+
+    def watch(eg, step):
+        for level in eg._cache.levels.values():
+            for table in level.tables or []:
+                if table.kind == "disk":
+                    seen.append(os.fstat(table.fd).st_size)
+
+    row = 4 * 12 * 12 * 4  # the first module's output per sample: 4 channels of 12x12 fp32
+    limit = 96 * row
+    _, stats = run(tiny_cnn, images(), {3: 1}, epochs=3, cache={"memory_limit": limit - 1, "disk_limit": limit, "directory": str(tmp_path)}, on_step=watch)
+    assert seen and max(seen) <= limit
+    assert stats["served"] > 0
+    plain, _ = run(tiny_cnn, images(), {3: 1}, epochs=3)
+    cached, stats = run(tiny_cnn, images(), {3: 1}, epochs=3, cache={"memory_limit": limit - 1, "disk_limit": limit - 1})
+    assert_same(plain, cached)
+    level = next(iter(stats["levels"].values()))
+    assert level["bytes"] == 0 and "limit" in level["off"]
+
+
+def test_random_transforms_are_refused_and_augmented_data_is_cached(caplog):
+    class Noisy(torch.utils.data.Dataset):
+        def __init__(self, base):
+            self.base = base
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, i):
+            x, y = self.base[i]
+            return x + 0.1 * torch.randn_like(x), y
+
+    model = tiny_cnn()
+    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Schedule({}))
+    loader = torch.utils.data.DataLoader(Noisy(images()), batch_size=16)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        assert eg.cache_loader(loader) is loader
+    assert any("transform is random" in r.getMessage() for r in caplog.records)
+    eg.close()
+
+    def jitter(x, g):
+        return x + 0.1 * torch.randn(x.shape, generator=g)
+
+    augmented = Augmented(images(), jitter, variants=2, seed=7)
+    plain, _ = run(tiny_cnn, augmented, {3: 2}, epochs=6)
+    cached, stats = run(tiny_cnn, Augmented(images(), jitter, variants=2, seed=7), {3: 2}, epochs=6, cache={})
+    assert_same(plain, cached)
+    assert stats["served"] > 0, stats
+
+
+class Skipping(nn.Module):
+    """Not a chain: the head also reads the stem's output directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 8)
+        self.body = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        s = self.stem(x)
+        h = s
+        for layer in self.body:
+            h = torch.relu(layer(h))
+        return self.head(h + s)
+
+
+def test_a_model_that_is_not_a_chain_at_the_boundary_is_not_served(caplog):
+    g = torch.Generator().manual_seed(2)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g))
+    plain, _ = run(Skipping, data, {3: 2}, epochs=3)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        cached, stats = run(Skipping, data, {3: 2}, epochs=3, cache={})
+    assert_same(plain, cached)
+    assert stats["served"] == 0
+    assert any("not a chain" in r.getMessage() for r in caplog.records)
+
+
+def test_bad_cache_options_name_the_value():
+    model = tiny_cnn()
+    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Schedule({}))
+    loader = torch.utils.data.DataLoader(images(), batch_size=16)
+    with pytest.raises(ValueError, match="memory_limit=-1"):
+        eg.cache_loader(loader, memory_limit=-1)
+    with pytest.raises(ValueError, match="storage_dtype"):
+        eg.cache_loader(loader, storage_dtype=torch.int8)
+    with pytest.raises(ValueError, match="batch_size"):
+        eg.cache_loader(torch.utils.data.DataLoader(images(), batch_size=None))
+    eg.close()
