@@ -128,6 +128,20 @@ def test_process_controller_freezes_without_making_training_wait():
     assert not _alive(pid)
 
 
+def test_a_controller_process_with_two_threads_is_spawned_and_answers():
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    config = quick_config(executor="process", eval_interval=4, reference_threads=2, cpu_threshold=None)
+    with egeria.Egeria(model, opt, config=config) as eg:
+        train(model, opt, eg, batches(1) * 30)
+        deadline = time.monotonic() + 60
+        while eg.controller_stats["answered"] == 0 and time.monotonic() < deadline:
+            train(model, opt, eg, batches(1) * 4)
+        assert eg._link.executor.start_method == "spawn"
+        assert eg.controller_stats["answered"] > 0 and eg.controller_stats["failure"] is None
+
+
 def test_a_slow_controller_costs_dropped_evaluations_and_late_decisions_are_discarded():
     torch.manual_seed(0)
     model = Trapped("slow")

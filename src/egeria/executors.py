@@ -324,6 +324,15 @@ class ProcessExecutor(_QueueExecutor):
         import torch.multiprocessing as tmp
 
         ctx = tmp.get_context(start_method)
+        if ctx.get_start_method() == "fork" and spec.threads != 1:
+            # OpenMP is not fork-safe: a forked child that runs torch ops on more than one
+            # thread after the parent used its thread pool hangs.
+            if start_method is None:
+                logger.info("Egeria: %s controller threads need a fresh process; starting it with spawn", spec.threads)
+                ctx = tmp.get_context("spawn")
+            else:
+                logger.warning("Egeria: a forked controller process runs on 1 thread (OpenMP is not fork-safe)")
+                spec.threads = 1
         self.start_method = ctx.get_start_method()
         self.channels = Channels(
             ctx.Queue(max_in_flight + 1), ctx.Queue(max_in_flight + 1), ctx.Queue(), ctx.Queue()
