@@ -61,7 +61,7 @@ def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on
     eg = egeria.Egeria(model, opt, policy=Schedule(plan))
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(5))
     if cache is not None:
-        loader = eg.cache_loader(loader, **cache)
+        loader = eg.cache_loader(loader, **{"serve": "always", **cache})
     trace = []
     model.train()
     for epoch in range(epochs):
@@ -267,6 +267,26 @@ def test_a_model_that_is_not_a_chain_at_the_boundary_is_not_served(caplog):
     assert_same(plain, cached)
     assert stats["served"] == 0
     assert any("not a chain" in r.getMessage() for r in caplog.records)
+
+
+def test_serving_stops_where_reading_is_slower_than_computing(monkeypatch, caplog):
+    from egeria.cache.store import MemoryTable
+
+    read = MemoryTable.read
+
+    def slow_read(self, keys):
+        import time
+
+        time.sleep(0.05)
+        return read(self, keys)
+
+    monkeypatch.setattr(MemoryTable, "read", slow_read)
+    plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
+    with caplog.at_level(logging.INFO, logger="egeria"):
+        cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=6, cache={"serve": "auto", "prefetch": 0})
+    assert_same(plain, cached)
+    assert 3 <= stats["served"] <= 4, stats  # the trial, then computing
+    assert any("computing is cheaper" in r.getMessage() for r in caplog.records)
 
 
 def test_bad_cache_options_name_the_value():

@@ -218,6 +218,7 @@ class Egeria:
         directory: str | None = None,
         storage_dtype: torch.dtype | None = None,
         prefetch: int = 4,
+        serve: str = "auto",
     ) -> Any:
         """Wraps the training ``DataLoader`` so frozen modules' outputs are cached and their
         forward pass is skipped (see :mod:`egeria.cache`). Iterate over what it returns
@@ -230,6 +231,8 @@ class Egeria:
             storage_dtype: ``torch.bfloat16`` or ``torch.float16`` to store floating
                 activations in half the bytes; not exact (the default keeps their dtype).
             prefetch: batches read ahead in a background thread (0: none).
+            serve: ``"auto"`` serves a frozen prefix from the cache only where a forward
+                pass is measured to be faster that way; ``"always"`` serves wherever it can.
 
         Returns:
             The wrapped loader, or ``loader`` itself when its data is random (a transform
@@ -243,6 +246,8 @@ class Egeria:
         for name, value in (("memory_limit", memory_limit), ("disk_limit", disk_limit), ("prefetch", prefetch)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"cache_loader({name}={value!r}): must be an integer >= 0")
+        if serve not in ("auto", "always"):
+            raise ValueError(f"cache_loader(serve={serve!r}): use 'auto' or 'always'")
         if storage_dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(f"cache_loader(storage_dtype={storage_dtype!r}): use None, torch.bfloat16 or torch.float16")
         dataset = getattr(loader, "dataset", None)
@@ -267,6 +272,7 @@ class Egeria:
                 directory=directory,
                 storage_dtype=storage_dtype,
                 prefetch=prefetch,
+                serve=serve,
                 internal=lambda: self._internal_forward,
                 eval_forward=self._internal_eval_forward,
             )

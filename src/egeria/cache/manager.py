@@ -15,9 +15,9 @@ function of the sample (frozen weights, BatchNorm and dropout locked in eval mod
 
 Safety, checked per level: the model must be a chain at the boundary (checked once by
 running one batch both ways in eval mode and comparing the model's outputs); the
-boundary output must be batch-first; serving must be cheaper than computing (the prefix's
-measured compute time against a measured read; otherwise the level keeps computing and
-the choice is logged); the table must fit the memory or the disk limit. Any unfreeze
+boundary output must be batch-first; serving must be cheaper than computing (the first
+served forward passes are timed against those that computed the prefix; when serving is
+not faster the level is dropped, keeps computing, and the choice is logged); the table must fit the memory or the disk limit. Any unfreeze
 drops every level. A corrupt row is recomputed; a failed write turns caching off with one
 warning. None of these change what the model computes.
 """
@@ -55,8 +55,9 @@ class _Level:
         self.template: Any = None
         self.specs: dict[str, Spec] = {}
         self.validated: bool | None = None
-        self.serving: bool | None = None
-        self.compute_s: list[float] = []
+        self.serving: bool | None = None  # None: on trial (served, timed) until decided
+        self.compute_s: list[float] = []  # forward passes with the whole prefix computed
+        self.serve_s: list[float] = []  # forward passes served from the cache
         self.off: str | None = None  # why this level caches nothing
         self.handle: Any = None
 
@@ -92,6 +93,7 @@ class ActivationCache:
         storage_dtype: keep rows in this dtype (e.g. ``torch.bfloat16``) instead of the
             activation's own; not exact.
         prefetch: batches read ahead.
+        serve: "auto" (serve where it is faster than computing) or "always".
         internal: true while Egeria runs a forward pass of its own.
         eval_forward: a context for Egeria's own eval-mode, no-grad forward passes.
     """
@@ -107,6 +109,7 @@ class ActivationCache:
         directory: str | None,
         storage_dtype: torch.dtype | None,
         prefetch: int,
+        serve: str = "auto",
         internal: Callable[[], bool],
         eval_forward: Callable[[], ContextManager[None]],
     ) -> None:
@@ -118,6 +121,7 @@ class ActivationCache:
         self.directory = directory
         self.storage_dtype = storage_dtype
         self._internal = internal
+        self.serve = serve
         self._eval_forward = eval_forward
         self.frozen = 0
         self.levels: dict[int, _Level] = {}
@@ -127,6 +131,8 @@ class ActivationCache:
         self._keys: list[int] | None = None
         self._stubs: list[nn.Module] = []
         self._recording: tuple[_Level, list[int], float] | None = None
+        self._timing: tuple[_Level, str, float] | None = None  # (level, "compute"/"serve", start)
+        self._write_s = 0.0
         self._self_forward = False
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
         self.stats = {"served": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
@@ -161,6 +167,7 @@ class ActivationCache:
         remove_stubs(self._stubs)
         self._stubs = []
         self._recording = None
+        self._timing = None
         keys, self._keys = self._keys, None
         if keys is None or self._self_forward or self._internal() or not module.training or self.off or self.frozen == 0:
             return
@@ -173,11 +180,13 @@ class ActivationCache:
             self._turn_off(f"the batch's first input does not have the {batch} samples of its keys in dimension 0")
             return
         self.stats["batches"] += 1
+        started = time.perf_counter()
         if level.has(keys) and level.serving is not False:
             output = self._cached(level, keys, args, kwargs)
             if output is not None:
                 self._stubs = install_stubs(self.model, level.blocks, level.boundary, output, level.specs, batch)
                 self.stats["served"] += 1
+                self._timing = (level, "serve", started)
                 return
         older = self._older_with(keys, level)
         if older is not None:
@@ -187,11 +196,24 @@ class ActivationCache:
                 self.stats["chained"] += 1
         self.stats["computed"] += 1
         self._recording = (level, keys, time.perf_counter())
+        self._write_s = 0.0
+        if not self._stubs:
+            self._timing = (level, "compute", started)
         self._capture_specs(level, batch)
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._self_forward:
             return
+        if self._timing is not None:
+            level, kind, started = self._timing
+            elapsed = time.perf_counter() - started
+            if kind == "compute":
+                level.compute_s.append(elapsed - self._write_s)  # the cache's own write excluded
+            else:
+                level.serve_s.append(elapsed)
+            if level.serving is None and self.serve == "auto":
+                self._decide(level)
+        self._timing = None
         remove_stubs(self._stubs)
         self._stubs = []
         self._recording = None
@@ -204,13 +226,13 @@ class ActivationCache:
             recording = self._recording
             if recording is None or recording[0] is not level or self.off:
                 return
-            _, keys, started = recording
-            if not self._stubs:  # the whole prefix ran: a fair compute time
-                level.compute_s.append(time.perf_counter() - started)
+            _, keys, _ = recording
+            started = time.perf_counter()
             try:
                 self._write(level, keys, output)
             except StoreFull as err:
                 self._turn_off(f"a cache write failed ({err})")
+            self._write_s += time.perf_counter() - started
 
         return hook
 
@@ -306,7 +328,6 @@ class ActivationCache:
         found, output, error = (False, None, None)
         if self.prefetcher is not None:
             found, output, error = self.prefetcher.take(level, self.position)
-        started = time.perf_counter()
         if not found:
             self.stats["prefetch_misses"] += 1
             try:
@@ -315,7 +336,6 @@ class ActivationCache:
                 error = err
         else:
             self.stats["prefetch_hits"] += 1
-        read_s = time.perf_counter() - started
         if error is not None:
             self.stats["corrupt"] += 1
             logger.warning("activation cache: %s; recomputing the batch", error)
@@ -323,26 +343,30 @@ class ActivationCache:
                 table.forget(keys)
             return None
         if level.validated is None:
-            level.validated = self._validate(level, output, args, kwargs, len(keys))
+            level.validated = self._validate(level, args, kwargs, len(keys))
             if not level.validated:
                 return None
-        if level.serving is None and not found:
-            level.serving = self._pays(level, read_s)
         return output if level.serving is not False else None
 
-    def _validate(self, level: _Level, output: Any, args: tuple, kwargs: dict, batch: int) -> bool:
+    def _validate(self, level: _Level, args: tuple, kwargs: dict, batch: int) -> bool:
         """Runs the batch both ways (eval mode, no gradients): is the model a chain here?"""
         self._self_forward = True
+        exact: list[Any] = []
+        handle = self.model.get_submodule(level.boundary).register_forward_hook(lambda m, a, out: exact.append(out))
         try:
             with self._eval_forward():
                 full = self.model(*args, **kwargs)
-                with stubbed(self.model, level.blocks, level.boundary, output, level.specs, batch):
+                handle.remove()
+                # the boundary's own output, not the stored one: a lower storage precision is
+                # not a reason to call the model a non-chain
+                with stubbed(self.model, level.blocks, level.boundary, exact[0], level.specs, batch):
                     cached = self.model(*args, **kwargs)
         except Exception as err:
             ok, why = False, f"{type(err).__name__}: {err}"
         else:
             ok, why = same_outputs(full, cached), "feeding the cached output gives other model outputs"
         finally:
+            handle.remove()
             self._self_forward = False
         if not ok:
             level.off = f"the model is not a chain at {level.boundary} ({why})"
@@ -350,16 +374,23 @@ class ActivationCache:
             level.close()
         return ok
 
-    def _pays(self, level: _Level, read_s: float) -> bool:
-        if len(level.compute_s) < _TIMING_SAMPLES:
-            return True  # too few measurements yet: serve (it is exact either way)
-        compute = statistics.median(level.compute_s)
-        pays = read_s < compute
+    def _decide(self, level: _Level) -> None:
+        """Serve or compute, once both have been timed a few times: the median forward
+        pass served from the cache against the median with the prefix computed."""
+        if len(level.compute_s) < _TIMING_SAMPLES or len(level.serve_s) < _TIMING_SAMPLES:
+            return
+        compute, serve = statistics.median(level.compute_s), statistics.median(level.serve_s)
+        level.serving = serve < compute
         logger.info(
-            "activation cache for %s: reading a batch takes %.1f ms, computing the prefix %.1f ms: %s",
-            level.boundary, 1e3 * read_s, 1e3 * compute, "serving from the cache" if pays else "computing is cheaper, computing",
+            "activation cache for %s: a forward pass takes %.1f ms served from the cache, %.1f ms computing the "
+            "prefix: %s", level.boundary, 1e3 * serve, 1e3 * compute,
+            "serving from the cache" if level.serving else "computing is cheaper, computing",
         )
-        return pays
+        if not level.serving:
+            level.off = "computing the prefix is cheaper than reading the cache"
+            level.close()  # frees its memory or disk; the level records nothing more
+            if self.prefetcher is not None:
+                self.prefetcher.clear()
 
     def _prefetch_ahead(self) -> None:
         if self.prefetcher is None or self.off:
