@@ -362,7 +362,7 @@ class Egeria:
             return
         if self.stage != "guided":
             return
-        if not link.awaiting_readout and not link.offer(self.model.state_dict(), self.steps, self._frozen, batch):
+        if not link.awaiting_readout and not link.offer(self.model.state_dict, self.steps, self._frozen, batch):
             return
         if self.config.activation_mode == "train" and activation is None:
             link.cancel()
@@ -464,7 +464,7 @@ class Egeria:
             return
         if self._armed and module.training and self._captured_batch is None and self._link is not None:
             batch = map_tensors((args, kwargs), _cpu_copy)  # the loop may reuse its input buffers
-            if self.stage == "guided" and not self._link.offer(self.model.state_dict(), self.steps + 1, self._frozen, batch):
+            if self.stage == "guided" and not self._link.offer(self.model.state_dict, self.steps + 1, self._frozen, batch):
                 return  # dropped: the controller is behind
             self._captured_batch = batch
             self._capturing = self.config.activation_mode == "train"

@@ -285,7 +285,7 @@ class ThreadExecutor(_QueueExecutor):
             spec.build(),
             self.channels,
             cpu_threshold=spec.cpu_threshold,
-            load=CpuLoad([_pid()]) if spec.cpu_threshold is not None else None,
+            load=CpuLoad([os.getpid()]) if spec.cpu_threshold is not None else None,
             beat=self._beat,
             alive=lambda: not self._abandon.is_set() and threading.main_thread().is_alive(),
         )
@@ -342,7 +342,7 @@ class ProcessExecutor(_QueueExecutor):
         self._heartbeat = ctx.Value("d", time.monotonic(), lock=False)
         self.process = ctx.Process(
             target=process_main,
-            args=(spec, self.channels, self._heartbeat, _pid()),
+            args=(spec, self.channels, self._heartbeat, os.getpid()),
             name="egeria-controller",
             daemon=True,
         )
@@ -397,10 +397,6 @@ def picklable(value: Any) -> str | None:
     except Exception as err:
         return f"{type(err).__name__}: {err}"
     return None
-
-
-def _pid() -> int:
-    return os.getpid()
 
 
 def make_executor(

@@ -75,9 +75,10 @@ class ControllerLink:
 
     # -- one evaluation ------------------------------------------------------------
 
-    def offer(self, state: Mapping[str, torch.Tensor], step: int, module: int, batch: tuple) -> bool:
+    def offer(self, state: Callable[[], Mapping[str, torch.Tensor]], step: int, module: int, batch: tuple) -> bool:
         """Sends the request of the evaluation at ``step`` (its forward pass is starting);
-        False when it was dropped."""
+        False when it was dropped. ``state()`` gives the model's state; it is read only
+        when modules froze since the previous request."""
         if not self.usable:
             return False
         final = tuple(self._newly_frozen)
@@ -87,7 +88,7 @@ class ControllerLink:
             step,
             module,
             batch,
-            self.executor.weights(state, self.keys.of(final, loose=False)) if final else None,
+            self.executor.weights(state(), self.keys.of(final, loose=False)) if final else None,
             final,
         )
         try:
@@ -112,8 +113,11 @@ class ControllerLink:
         request, self._request = self._request, None
         if request is None or not self.usable:
             return
-        modules = range(min(request.module + 2, self.freezable + 1))
-        self.executor.readout(Readout(request.seq, activation, self.executor.weights(state, self.keys.of(modules))))
+        self.executor.readout(Readout(request.seq, activation, self._front_weights(state, request.module)))
+
+    def _front_weights(self, state: Mapping[str, torch.Tensor], watched: int):
+        """What the controller refreshes from: modules 0 to ``watched`` + 1, loose entries."""
+        return self.executor.weights(state, self.keys.of(range(min(watched + 2, self.freezable + 1))))
 
     def cancel(self) -> None:
         """Completes the sent request without a reading."""
@@ -181,15 +185,14 @@ class ControllerLink:
 
     # -- checkpointing ----------------------------------------------------------------
 
-    def state_dict(self, state: Mapping[str, torch.Tensor], upto: int) -> dict:
+    def state_dict(self, state: Mapping[str, torch.Tensor], frozen: int) -> dict:
         """The controller's state (waiting for it to finish what was sent) and the
         worker's bookkeeping, JSON-safe except for the controller's tensors."""
         if self._request is not None:
             self.cancel()
         controller = None
         if self.usable:
-            live = self.executor.weights(state, self.keys.of(range(min(upto + 2, self.freezable + 1))))
-            controller = self.executor.state_dict(live, self.seq)
+            controller = self.executor.state_dict(self._front_weights(state, frozen), self.seq)
             self._pending.extend(self.executor.poll())
         return {
             "controller": controller,
@@ -201,7 +204,6 @@ class ControllerLink:
         }
 
     def load_state_dict(self, saved: dict, state: Mapping[str, torch.Tensor], frozen: int, window: int) -> None:
-        upto = frozen
         self.frozen, self.window = frozen, window
         self.generation = int(saved["generation"])
         self.seq = int(saved["seq"])
@@ -209,8 +211,7 @@ class ControllerLink:
         self._pending = [result_from_json(r) for r in saved["pending"]]
         self.history = list(saved["history"])
         if saved["controller"] is not None:
-            weights = self.executor.weights(state, self.keys.of(range(min(upto + 2, self.freezable + 1))))
-            self.executor.load_state_dict(saved["controller"], weights, self.seq)
+            self.executor.load_state_dict(saved["controller"], self._front_weights(state, frozen), self.seq)
 
     def stats(self) -> dict:
         """Counts of the link: sent, dropped, answered, discarded decisions, lags, faults."""

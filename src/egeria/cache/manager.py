@@ -134,6 +134,7 @@ class ActivationCache:
         self._timing: tuple[_Level, str, float] | None = None  # (level, "compute"/"serve", start)
         self._write_s = 0.0
         self._self_forward = False
+        self._spec_handles: list = []  # output-shape hooks of the forward pass being recorded
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
         self.stats = {"served": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
         self._handles = [
@@ -217,7 +218,7 @@ class ActivationCache:
         remove_stubs(self._stubs)
         self._stubs = []
         self._recording = None
-        for handle in getattr(self, "_spec_handles", []):
+        for handle in self._spec_handles:
             handle.remove()
         self._spec_handles = []
 
