@@ -2,11 +2,12 @@
 
 One plasticity evaluation (paper 4.2.1) is a forward pass of the CPU reference model up to
 the watched layer module plus the SP loss between that activation and the training
-model's. With the default ``EgeriaConfig.activation_mode="eval"`` the engine takes the
-training activation from one more forward of the live training model's front, up to the
-watched module's output block, in eval mode under ``torch.no_grad()`` (``run_until``, fp32,
-the process's threads), so a whole reading is front forward + reference forward + SP loss
-+ refresh. This script times these with the library's own pieces (``run_until``,
+model's. With the default ``EgeriaConfig.activation_mode="eval"`` the controller computes
+the training activation with one more forward of the model's front (its own fp32 CPU copy,
+loaded with the step's weights), up to the watched module's output block, in eval mode
+under ``torch.no_grad()`` (``run_until``), so a whole reading is front forward + reference
+forward + SP loss + refresh. (When this script was written that front forward ran in the
+training process on its threads; the timing here is of the same computation.) This script times these with the library's own pieces (``run_until``,
 ``ReferenceModel``, ``sp_loss``, the partition ``Egeria`` builds) for the int8, bf16 and
 fp32 references, side by side in one run, and sets them against one full training step
 (forward, backward, optimizer step on 2 threads), for two models:
@@ -218,8 +219,8 @@ def train_activations(model: nn.Module, partition: Partition, x: torch.Tensor, i
 
 
 def front_forward(model: nn.Module, block: str, x: torch.Tensor) -> torch.Tensor:
-    """The training model's output of ``block`` for ``x`` as the engine takes it with
-    ``activation_mode="eval"`` (``Egeria._front_activation``): eval mode, no gradients,
+    """The training model's output of ``block`` for ``x`` as a reading takes it with
+    ``activation_mode="eval"`` (``Controller._front`` does the same): eval mode, no gradients,
     the forward stopped at ``block``, a CPU copy; every module's mode restored after."""
     flags = [(m, m.training) for m in model.modules()]
     try:
