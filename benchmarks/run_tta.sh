@@ -21,11 +21,15 @@ run() {  # task policy seed
   # shellcheck disable=SC2086
   taskset -c 0 .venv/bin/egeria bench "$1" --policy "$2" --seed "$3" --out "$out" --no-progress ${size[$1]}
 }
-for task in resnet-fmnist finetune-mnist transformer-ptb; do  # finetune needs resnet-fmnist/none-seed0.pt
+tasks="resnet-fmnist finetune-mnist transformer-ptb"  # finetune needs resnet-fmnist/none-seed0.pt
+for task in $tasks; do
   run "$task" none 0
   run "$task" none 1
-  for policy in egeria freezeout autofreeze linear static; do
+  for policy in freezeout autofreeze linear static; do
     run "$task" "$policy" 0
   done
+done
+for task in $tasks; do
+  run "$task" egeria 0
 done
 .venv/bin/egeria report "$out" --out benchmarks/results
