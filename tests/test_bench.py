@@ -46,3 +46,20 @@ def test_unknown_task_and_policy(tmp_path):
         run_bench("cifar", "none", out_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown policy 'magic'"):
         run_bench("resnet-fmnist", "magic", out_dir=tmp_path)
+
+
+def test_config_overrides_from_the_command_line(tmp_path):
+    main(["bench", "resnet-fmnist", "--policy", "egeria", "--epochs", "1", "--limit", "256",
+          "--eval-limit", "100", "--out", str(tmp_path), "--no-progress",
+          "--set", "eval_interval=1", "--set", "reference_precision=fp32", "--set", "executor=inline"])
+    run = json.loads((tmp_path / "resnet-fmnist" / "egeria-seed0.json").read_text())
+    assert run["config"]["eval_interval"] == 1 and run["config"]["reference_precision"] == "fp32"
+    assert run["config"]["executor"] == "inline"
+    with pytest.raises(ValueError, match="no field 'eval_intervall'"):
+        main(["bench", "resnet-fmnist", "--epochs", "1", "--limit", "64", "--out", str(tmp_path),
+              "--set", "eval_intervall=3"])
+    with pytest.raises(ValueError, match="eval_interval=0 must be a positive integer"):
+        main(["bench", "resnet-fmnist", "--epochs", "1", "--limit", "64", "--out", str(tmp_path),
+              "--set", "eval_interval=0"])
+    with pytest.raises(ValueError, match="expected FIELD=VALUE"):
+        main(["bench", "resnet-fmnist", "--out", str(tmp_path), "--set", "window"])

@@ -7,10 +7,11 @@ Each subcommand is one ``_add_<name>`` function that declares its arguments and 
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import shlex
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 __all__ = ["main", "build_parser"]
 
@@ -80,6 +81,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--records-per-epoch", type=int, default=1)
     p.add_argument("--init", default=None, metavar="PATH", help="checkpoint to start from (finetune-mnist)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
+        help="override one EgeriaConfig field, e.g. --set eval_interval=20 (repeatable; "
+        "VALUE is read as a Python literal, else as a string)",
+    )
     p.set_defaults(func=_run_bench)
 
 
@@ -96,6 +102,7 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         eval_limit=args.eval_limit,
         records_per_epoch=args.records_per_epoch,
         init=args.init,
+        overrides=parse_overrides(args.overrides),
         command=command,
         progress=not args.no_progress,
     )
@@ -105,6 +112,21 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         f"{final['wall_time_s']:.1f} s of training, {final['total_flops']:.3g} FLOPs"
     )
     return 0
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["eval_interval=20", "reference_precision=bf16"]`` -> ``{"eval_interval": 20, ...}``."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        overrides[name.strip()] = value
+    return overrides
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:

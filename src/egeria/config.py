@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -153,6 +154,14 @@ class EgeriaConfig:
                 f"EgeriaConfig.policy_options={dict(self.policy_options)!r} apply to baseline policies; "
                 "configure the 'egeria' policy with the other fields"
             )
+
+    def replace(self, **changes: Any) -> EgeriaConfig:
+        """A copy with ``changes`` applied and validated; an unknown field raises ValueError."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"EgeriaConfig has no field {unknown[0]!r}; fields: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         """The config as a JSON-safe dict (``modules`` as a string or a list)."""

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -44,6 +44,7 @@ def run_bench(
     records_per_epoch: int = 1,
     init: str | Path | None = None,
     config: EgeriaConfig | None = None,
+    overrides: Mapping[str, Any] | None = None,
     command: str | None = None,
     progress: bool = False,
 ) -> dict:
@@ -60,6 +61,8 @@ def run_bench(
         init: checkpoint to start from (``finetune-mnist``); by default the plain
             ``resnet-fmnist`` run's weights in ``out_dir``.
         config: Egeria's config for ``policy="egeria"`` (default: the paper's defaults).
+        overrides: config fields to change from the defaults (or from ``config``), e.g.
+            ``{"eval_interval": 20}``; an unknown field raises ``ValueError``.
         command: the command line to record.
 
     Returns:
@@ -78,6 +81,8 @@ def run_bench(
         cfg = config or EgeriaConfig()
     else:
         cfg = EgeriaConfig(policy=policy, policy_options=task.policy_options[policy])
+    if overrides:
+        cfg = cfg.replace(**overrides)
     eg = Egeria(task.model, task.optimizer, config=cfg, lr_scheduler=task.scheduler, total_steps=total_steps)
     record_every = max(1, task.steps_per_epoch // records_per_epoch)
 
