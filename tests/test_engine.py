@@ -325,3 +325,26 @@ def test_close_keeping_modules_frozen_still_removes_every_hook():
     eg.close(unfreeze=False)
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
     assert frozen and not any(p.requires_grad for p in frozen)
+
+
+def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept():
+    model = Chain(depth=4)
+    short = egeria.Egeria(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400, example_inputs=(torch.randn(2, 8),)
+    )
+    assert egeria.derive_eval_interval(1_400, 10, len(short.modules)) < 20
+    assert short.eval_interval == 20  # min_eval_interval
+    short.close()
+    floor = egeria.Egeria(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400,
+        config=egeria.EgeriaConfig(min_eval_interval=3), example_inputs=(torch.randn(2, 8),),
+    )
+    assert floor.eval_interval == max(3, egeria.derive_eval_interval(1_400, 10, len(floor.modules)))
+    floor.close()
+    explicit = egeria.Egeria(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), config=egeria.EgeriaConfig(eval_interval=2),
+        example_inputs=(torch.randn(2, 8),),
+    )
+    assert explicit.eval_interval == 2
+    with pytest.raises(ValueError, match="min_eval_interval=0"):
+        egeria.EgeriaConfig(min_eval_interval=0)

@@ -53,7 +53,7 @@ _GUIDELINE_FACTOR = 1.75
 
 
 def derive_eval_interval(total_steps: int, window: int, num_modules: int) -> int:
-    """n from the paper's guideline, at least 1."""
+    """n from the paper's guideline, at least 1 (the engine also applies ``min_eval_interval``)."""
     return max(1, int(total_steps / (2 * window) / num_modules / _GUIDELINE_FACTOR))
 
 
@@ -522,7 +522,15 @@ class Egeria:
     def _install_partition(self, partition: Partition) -> None:
         self._partition = partition
         if self._eval_interval is None and self.total_steps is not None:
-            self._eval_interval = derive_eval_interval(self.total_steps, self.config.window, len(partition))
+            cfg = self.config
+            guideline = derive_eval_interval(self.total_steps, cfg.window, len(partition))
+            self._eval_interval = max(guideline, cfg.min_eval_interval)
+            if guideline < cfg.min_eval_interval and self.policy is None:
+                logger.info(
+                    "the guideline gives n=%d for %d steps; using min_eval_interval=%d, so fewer "
+                    "modules may be evaluated for freezing in this run",
+                    guideline, self.total_steps, cfg.min_eval_interval,
+                )
         named = dict(self.model.named_modules())
         hooked = self.policy is None and self.config.activation_mode == "train"
         self._output_handles = [
