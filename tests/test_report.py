@@ -280,3 +280,17 @@ def test_duplicate_runs_are_rejected(tmp_path: Path) -> None:
     b = _write(_suite()[:1], tmp_path / "b")
     with pytest.raises(ValueError, match="two runs of policy 'none' seed 0"):
         build_report(load_runs([a, b]), tmp_path / "out", plots=False)
+
+
+def test_config_changed_from_the_defaults_shows_in_the_label(tmp_path: Path) -> None:
+    acc = "resnet-fmnist"
+    plain = _run(acc, "none", 0, [10, 20], [0.5, 0.9], 1000.0)
+    default = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0)
+    default["config"] = {"eval_interval": None, "window": 10, "policy": "egeria"}
+    tuned = _run(acc, "egeria", 0, [10, 20], [0.5, 0.88], 800.0)
+    tuned["config"] = {"eval_interval": 10, "window": 10, "policy": "egeria", "not_a_field_any_more": 1}
+    for name, run in (("plain", plain), ("default", default), ("tuned", tuned)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    report = build_report(load_runs([tmp_path]), tmp_path / "report")
+    labels = sorted(r["policy"] for r in report["tasks"][acc]["rows"])
+    assert labels == ["egeria", "egeria[eval_interval=10]", "none"]

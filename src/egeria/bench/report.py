@@ -29,6 +29,8 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Callable
 
+from ..config import EgeriaConfig
+
 __all__ = ["RUN_FORMAT", "REPORT_FORMAT", "load_runs", "build_report"]
 
 logger = logging.getLogger(__name__)
@@ -143,11 +145,26 @@ def _check_run(run: Any, where: str) -> None:
 
 
 def _label(run: dict) -> str:
-    """The policy as shown: its name, with its options where it has any."""
+    """The policy as shown: its name, with its options where it has any, and the config
+    fields the run changed from the defaults (``egeria bench --set``) in brackets."""
+    label = str(run["policy"])
     options = run.get("policy_options") or {}
-    if not options:
-        return str(run["policy"])
-    return f"{run['policy']}(" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+    if options:
+        label += "(" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+    changed = _changed_fields(run.get("config") or {})
+    if changed:
+        label += "[" + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) + "]"
+    return label
+
+
+def _changed_fields(config: dict) -> dict:
+    """Fields of a recorded config that differ from today's defaults (the policy aside);
+    fields it does not record are left out."""
+    defaults = EgeriaConfig().to_dict()
+    return {
+        k: v for k, v in config.items()
+        if k in defaults and k not in ("policy", "policy_options") and v != defaults[k]
+    }
 
 
 def _reaches(value: float | None, target: float, higher_is_better: bool) -> bool:
