@@ -15,11 +15,12 @@ declare -A size=(
   [transformer-ptb]="--limit 6400"
 )
 export OMP_NUM_THREADS=1
+core=${CORE:-0}  # CORE=1 runs a second lane on the other core (it skips what exists, too)
 run() {  # task policy seed
   local json="$out/$1/$2-seed$3.json"
   if [ -f "$json" ]; then echo "skip $json"; return; fi
   # shellcheck disable=SC2086
-  taskset -c 0 .venv/bin/egeria bench "$1" --policy "$2" --seed "$3" --out "$out" --no-progress ${size[$1]}
+  taskset -c "$core" .venv/bin/egeria bench "$1" --policy "$2" --seed "$3" --out "$out" --no-progress ${size[$1]}
 }
 tasks="resnet-fmnist finetune-mnist transformer-ptb"  # finetune needs resnet-fmnist/none-seed0.pt
 for task in $tasks; do
