@@ -39,7 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
-from egeria.models import TransformerLM, resnet  # noqa: E402
+from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cache"
 
@@ -64,11 +64,7 @@ def lm_setup(samples: int):
         model = TransformerLM(corpus.vocab_size, d_model=128, n_heads=4, n_layers=6, d_ff=512, max_len=64, dropout=0.1)
         return model, torch.optim.AdamW(model.parameters(), lr=5e-4)
 
-    def loss(m, b):
-        logits = m(b[0])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[1].reshape(-1))
-
-    return data, 32, build, loss
+    return data, 32, build, lambda m, b: next_token_loss(m(b[0]), b[1])
 
 
 def timed_run(setup, k: int, cache: bool, epochs: int) -> dict:

@@ -39,7 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
-from egeria.models import TransformerLM, resnet  # noqa: E402
+from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "controller_overhead"
 WARMUP = 10
@@ -69,11 +69,7 @@ def lm_task(steps: int):
         model = TransformerLM(corpus.vocab_size, d_model=128, n_heads=4, n_layers=6, d_ff=512, max_len=64, dropout=0.1)
         return model, torch.optim.AdamW(model.parameters(), lr=5e-4)
 
-    def loss(model, b):
-        logits = model(b[0])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[1].reshape(-1))
-
-    return build, batches, loss
+    return build, batches, lambda model, b: next_token_loss(model(b[0]), b[1])
 
 
 def run_once(task, config: egeria.EgeriaConfig | None) -> dict:

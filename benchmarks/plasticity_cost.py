@@ -60,7 +60,7 @@ from torch import nn  # noqa: E402
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
-from egeria.models import TransformerLM, resnet  # noqa: E402
+from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 from egeria.partition import Partition, first_tensor  # noqa: E402
 from egeria.reference import Batch, ReferenceModel  # noqa: E402
 from egeria.similarity import sp_loss  # noqa: E402
@@ -175,11 +175,8 @@ def lm_workload(batch_size: int, num_batches: int, seq_len: int = 35) -> Workloa
     model = TransformerLM(vocab_size=corpus.vocab_size, d_model=128, n_layers=6)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
     return Workload(
-        "transformer-lm-ptb", model, opt, loss_fn, batches,
+        "transformer-lm-ptb", model, opt, next_token_loss, batches,
         f"TransformerLM d_model 128, 6 layers, vocab {corpus.vocab_size}, PTB windows of {seq_len}, "
         f"batch {batch_size}, AdamW",
     )

@@ -14,7 +14,7 @@ from torch import nn
 
 import egeria
 from egeria.cache import Augmented
-from egeria.models import TransformerLM
+from egeria.models import TransformerLM, next_token_loss
 from egeria.policies.base import StatelessPolicy
 from tiny import tiny_cnn
 
@@ -49,8 +49,7 @@ def classify(model, batch):
 
 def language(model, batch):
     x, y = batch
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    return next_token_loss(model(x), y)
 
 
 def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on_step=None):

@@ -74,15 +74,12 @@ class Controller:
         self.partition = partition
         self.current = template.eval()
         self.precision = precision
-        self.window = window
         self.tolerance_ratio = tolerance_ratio
         self.refresh_every = refresh_every
         self.threads = threads
-        self.generation = 0
-        self.frozen = 0
         self.reference: ReferenceModel | None = None
         self.watch: ModuleWatch | None = None
-        self.readings_since_refresh = 0
+        self.restart(generation=0, frozen=0, window=window)
 
     # -- one evaluation ------------------------------------------------------------
 

@@ -123,7 +123,7 @@ def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]
 
 def _transformer_ptb(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
     from ..data import LMWindows, load_ptb
-    from ..models import TransformerLM
+    from ..models import TransformerLM, next_token_loss
 
     epochs = epochs or 8
     corpus = load_ptb()
@@ -147,16 +147,14 @@ def _transformer_ptb(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, in
 
     def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         tokens, targets = batch
-        logits = model(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return next_token_loss(model(tokens), targets)
 
     @torch.no_grad()
     def perplexity(model: nn.Module) -> float:
         loader = torch.utils.data.DataLoader(valid, batch_size=64)
         total, count = 0.0, 0
         for tokens, targets in loader:
-            logits = model(tokens)
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"))
+            total += float(next_token_loss(model(tokens), targets, reduction="sum"))
             count += targets.numel()
         return math.exp(total / count)
 

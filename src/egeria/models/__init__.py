@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from egeria.models.resnet import BasicBlock, ResNet, resnet
-from egeria.models.transformer_lm import CausalSelfAttention, TransformerBlock, TransformerLM
+from egeria.models.transformer_lm import CausalSelfAttention, TransformerBlock, TransformerLM, next_token_loss
 
 __all__ = [
     "BasicBlock",
@@ -11,5 +11,6 @@ __all__ = [
     "ResNet",
     "TransformerBlock",
     "TransformerLM",
+    "next_token_loss",
     "resnet",
 ]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CausalSelfAttention", "TransformerBlock", "TransformerLM"]
+__all__ = ["CausalSelfAttention", "TransformerBlock", "TransformerLM", "next_token_loss"]
 
 
 class CausalSelfAttention(nn.Module):
@@ -144,6 +144,11 @@ class TransformerLM(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm(x))
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of next-token logits ``(B, T, V)`` against targets ``(B, T)``."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
 
 
 def _gpt_init(module: nn.Module) -> None:
