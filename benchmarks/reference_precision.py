@@ -60,7 +60,7 @@ def train(precision: str | None) -> dict:
             sched.step()
             eg.step(loss)
             wall += time.perf_counter() - started
-    events = list(eg.events)
+    events = [d.to_dict() for d in eg.events]
     eg.close()
     model.eval()
     with torch.no_grad():

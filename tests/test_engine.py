@@ -103,8 +103,8 @@ def test_lr_drop_unfreezes_all_and_halves_the_window():
     frozen_names = list(eg.frozen)
     for group in opt.param_groups:
         group["lr"] = group["lr"] * 0.1  # 1e-4 * 0.1 is not exactly 1e-5: the rule must still fire
-    decision = eg.step(torch.tensor(1.0))
-    assert decision is not None and decision.action == "unfreeze"
+    [decision] = eg.step(torch.tensor(1.0))
+    assert decision.action == "unfreeze"
     assert list(decision.modules) == frozen_names
     assert eg.frozen == []
     assert eg.window == 2
@@ -119,7 +119,7 @@ def test_smaller_lr_drop_does_not_unfreeze():
     train_until_frozen(model, opt, eg, batches(1) * 100)
     for group in opt.param_groups:
         group["lr"] *= 0.2
-    assert eg.step(torch.tensor(1.0)) is None
+    assert eg.step(torch.tensor(1.0)) == []
     assert eg.frozen
 
 

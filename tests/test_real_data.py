@@ -45,15 +45,15 @@ def test_front_module_freezes_first_and_accuracy_holds_on_fashion_mnist():
     plain, _ = run(train_ds, test_ds, use_egeria=False)
     frozen_run, eg = run(train_ds, test_ds, use_egeria=True)
 
-    freezes = [e for e in eg.events if e["action"] == "freeze"]
+    freezes = [e for e in eg.events if e.action == "freeze"]
     assert freezes, f"nothing froze; readings: {eg.history[-5:]}"
-    assert freezes[0]["modules"] == [eg.modules[0]]
+    assert freezes[0].modules == (eg.modules[0],)
     # Between unfreezes, each freeze is one module deeper than the one before.
     depth = 0
     for event in eg.events:
-        if event["action"] == "unfreeze":
+        if event.action == "unfreeze":
             depth = 0
-        elif event["action"] == "freeze":
-            assert event["modules"] == [eg.modules[depth]]
+        elif event.action == "freeze":
+            assert event.modules == (eg.modules[depth],)
             depth += 1
     assert abs(frozen_run - plain) <= 0.01, (plain, frozen_run)

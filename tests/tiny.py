@@ -71,9 +71,7 @@ def train(
         if scheduler is not None:
             scheduler.step()
         if eg is not None:
-            d = eg.step(loss)
-            if d is not None:
-                decisions.append(d)
+            decisions.extend(d for d in eg.step(loss) if d.action != "guided")
         if on_step is not None:
             on_step(i)
     return decisions

@@ -244,7 +244,7 @@ def _train(
             "modules": list(eg.modules),
             "module_params": [m.num_params for m in eg.partition.modules],
             "eval_interval": eg.eval_interval,
-            "events": list(eg.events),
+            "events": [d.to_dict() for d in eg.events],
             "history": eg.history,
             "frozen_at_end": list(eg.frozen),
         }

@@ -139,7 +139,7 @@ class Egeria:
         self.stage = "bootstrap"
         self.steps = 0
         self.window = self.config.window
-        self.events: list[dict] = []
+        self.events: list[Decision] = []
         self._partition: Partition | None = None
         self._eval_interval: int | None = self.config.eval_interval
         self._frozen = 0
@@ -286,7 +286,7 @@ class Egeria:
 
     # -- the step boundary ---------------------------------------------------------
 
-    def step(self, loss: torch.Tensor | float | None = None) -> Decision | None:
+    def step(self, loss: torch.Tensor | float | None = None) -> list[Decision]:
         """Call once per optimizer step, after ``optimizer.step()``.
 
         Args:
@@ -294,7 +294,7 @@ class Egeria:
                 bootstrapping. Non-finite values are logged and ignored.
 
         Returns:
-            The freeze or unfreeze decision applied at this step, or None.
+            Every decision applied at this step (freeze, unfreeze, end of bootstrapping).
 
         Raises:
             RuntimeError: when called before any forward pass of the model, or after close().
@@ -303,13 +303,19 @@ class Egeria:
         partition = self._require_partition("Egeria.step()")
         loss_value = _checked_loss(loss)
         self.steps += 1
+        before = len(self.events)
+        self._step(partition, loss_value)
+        return self.events[before:]
+
+    def _step(self, partition: Partition, loss_value: Any) -> None:
         if self.policy is not None:
             info = StepInfo(self.steps, self.total_steps, self._frozen, partition.freezable, current_lr(self.optimizer))
             target = self.policy.target(info)
-            return None if target is None else self._move_to(target)
+            if target is not None:
+                self._move_to(target)
+            return
         n = self._eval_interval
         assert n is not None
-        decision: Decision | None = None
         if self.stage == "bootstrap":
             self._record_loss(loss_value)
             if self.steps % n == 0:
@@ -317,11 +323,9 @@ class Egeria:
         self._send_readout()
         if self._link is not None:
             for result in self._link.results(self.steps):
-                decision = self._apply(result) or decision
-        unfreeze = self._maybe_unfreeze()
-        decision = unfreeze or decision
+                self._apply(result)
+        self._maybe_unfreeze()
         self._arm_next()
-        return decision
 
     def _arm_next(self) -> None:
         """Capture the next step's batch when that step evaluates plasticity (or ends a
@@ -349,7 +353,7 @@ class Egeria:
         self._losses = []
         if self._bootstrap.end_interval(values):
             self.stage = "guided"
-            self.events.append({"step": self.steps, "action": "guided", "modules": []})
+            self._log_event(Decision(self.steps, "guided", (), "training loss settled"))
             logger.info("step %d: loss settled, bootstrapping over; guided freezing starts", self.steps)
 
     def _send_readout(self) -> None:
@@ -453,7 +457,7 @@ class Egeria:
         return freeze
 
     def _log_event(self, decision: Decision) -> None:
-        self.events.append({"step": decision.step, "action": decision.action, "modules": list(decision.modules)})
+        self.events.append(decision)
         logger.info("step %d: %s %s (%s)", decision.step, decision.action, ", ".join(decision.modules), decision.reason)
 
     # -- hooks ---------------------------------------------------------------------
@@ -605,7 +609,7 @@ class Egeria:
             "freeze_step": self._freeze_step,
             "bootstrap": self._bootstrap.state_dict(),
             "losses": [v for v in map(float, self._losses) if math.isfinite(v)],
-            "events": list(self.events),
+            "events": [d.to_dict() for d in self.events],
             "link": None if self._link is None else self._link.state_dict(self.model.state_dict(), self._frozen),
             "policy": None if self.policy is None else self.policy.state_dict(),
         }
@@ -642,7 +646,7 @@ class Egeria:
         self.window = int(state["window"])
         self._bootstrap = BootstrapMonitor.from_state(state["bootstrap"])
         self._losses = list(state["losses"])
-        self.events = list(state["events"])
+        self.events = [Decision.from_dict(e) for e in state["events"]]
         for _ in range(int(state["frozen"])):
             self._freeze_front_module()
         self._lr_at_freeze = state["lr_at_freeze"]

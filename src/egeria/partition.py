@@ -27,6 +27,8 @@ __all__ = [
     "chosen_modules",
     "ExecutionTrace",
     "build_partition",
+    "check_blocks",
+    "partition_model",
     "first_tensor",
 ]
 
@@ -105,6 +107,60 @@ class Partition:
         partition = cls(modules, _freezable(model, modules))
         _check_coverage(model, partition)
         return partition
+
+
+def partition_model(
+    model: nn.Module,
+    example_inputs: tuple,
+    *,
+    example_kwargs: dict | None = None,
+    modules: str | Sequence[str] | None = None,
+    max_modules: int = 8,
+) -> Partition:
+    """Splits ``model`` into ordered layer modules, as :class:`~egeria.Egeria` does.
+
+    Runs one forward pass on ``example_inputs`` in eval mode without gradients (the
+    training flags are restored after) to learn the execution order.
+
+    Args:
+        model: the model to split.
+        example_inputs: positional arguments of one forward call, e.g. ``(x,)``.
+        example_kwargs: keyword arguments of that call.
+        modules: ``EgeriaConfig.modules``: None (automatic), a regex or a list of names.
+        max_modules: ``EgeriaConfig.max_modules``.
+
+    Raises:
+        ValueError: bad arguments, or a model that splits into fewer than two modules.
+    """
+    from .modes import eval_forward
+
+    if not isinstance(example_inputs, tuple):
+        raise ValueError(
+            f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
+            "write example_inputs=(x,)"
+        )
+    blocks = find_blocks(model, modules)
+    check_blocks(model, blocks)
+    trace = ExecutionTrace(model, blocks)
+    try:
+        with eval_forward(model):
+            model(*example_inputs, **(example_kwargs or {}))
+    finally:
+        trace.remove()
+    return build_partition(
+        model, blocks, trace.order, max_modules=max_modules, user_chosen=chosen_modules(model, modules)
+    )
+
+
+def check_blocks(model: nn.Module, blocks: Sequence[str]) -> None:
+    """Raises ValueError unless at least two blocks hold parameters (the head never freezes)."""
+    weighted = [b for b in blocks if any(True for _ in model.get_submodule(b).parameters())]
+    if len(weighted) < 2:
+        raise ValueError(
+            f"the model has a single layer module ({weighted!r}); the head is never frozen, "
+            "so Egeria has nothing to freeze; name the modules with EgeriaConfig.modules (a list of "
+            "submodule names or a regex) if the model wraps its layers"
+        )
 
 
 def find_blocks(model: nn.Module, spec: str | Sequence[str] | None = None) -> list[str]:

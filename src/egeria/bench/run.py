@@ -150,7 +150,7 @@ def run_bench(
             "module_params": [m.num_params for m in partition.modules],
             "total_params": total_params,
             "records": records,
-            "events": list(eg.events),
+            "events": [d.to_dict() for d in eg.events],
             "plasticity": eg.history,
             "controller": eg.controller_stats,
             "final": {"metric": records[-1]["metric"], "wall_time_s": wall, "total_flops": total_flops},
