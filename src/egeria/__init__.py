@@ -5,6 +5,7 @@ from __future__ import annotations
 from .config import EgeriaConfig
 from .decision import Decision
 from .engine import Egeria, derive_eval_interval
+from .partition import LayerModule, Partition, partition_model
 from .similarity import sp_loss
 from .unfreezing import LRDropRule, UnfreezeContext
 
@@ -16,6 +17,9 @@ __all__ = [
     "LRDropRule",
     "UnfreezeContext",
     "derive_eval_interval",
+    "partition_model",
+    "Partition",
+    "LayerModule",
 ]
 
 __version__ = "0.1.0"
