@@ -3,6 +3,7 @@ late decisions discarded, faults that never stop training, no orphan processes."
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import subprocess
@@ -16,8 +17,7 @@ import torch
 
 import egeria
 from egeria.executors import InlineExecutor, ProcessExecutor, ThreadExecutor
-from egeria.protocol import Readout, Request
-from egeria.weights import PackedState
+from fakes import Delayed, Recorder
 from tiny import Chain, Trapped, batches, quick_config, train
 
 TESTS = Path(__file__).parent
@@ -35,41 +35,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class Recorder(InlineExecutor):
-    """An inline executor that keeps a copy of every message it was given."""
-
-    def __init__(self, controller) -> None:
-        super().__init__(controller)
-        self.messages: list = []
-
-    def weights(self, state, keys):
-        return PackedState(state, keys)
-
-    def _send_request(self, request: Request) -> None:
-        self.messages.append(("request", request))
-        super()._send_request(request)
-
-    def readout(self, readout: Readout) -> None:
-        self.messages.append(("readout", readout))
-        super().readout(readout)
-
-    def restart(self, generation: int, frozen: int, window: int) -> None:
-        self.messages.append(("restart", (generation, frozen, window)))
-        super().restart(generation, frozen, window)
-
-
 def _recorded_run(steps: int = 120):
+    """A run with an inline controller that records every message it gets."""
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    eg = egeria.Egeria(model, opt, config=quick_config(), example_inputs=(torch.randn(4, 8),))
-    link = eg._link
-    recorder = Recorder(link.executor.controller)
-    link.executor = recorder
+    config = quick_config()
+    made: list[Recorder] = []
+
+    def recorder(spec):
+        made.append(Recorder(copy.deepcopy(spec)))
+        made[-1].spec = spec
+        return made[-1]
+
+    policy = egeria.KnowledgeGuided(config, executor=recorder)
+    eg = egeria.Egeria(model, opt, config=config, policy=policy, example_inputs=(torch.randn(4, 8),))
     decisions = train(model, opt, eg, batches(1) * steps)
-    spec = eg._controller_spec()
     eg.close()
-    return recorder.messages, decisions, spec
+    [rec] = made
+    return rec.messages, decisions, rec.spec
 
 
 def _replay(executor, messages) -> list:
@@ -80,17 +64,24 @@ def _replay(executor, messages) -> list:
             assert executor.offer(message)
         elif kind == "readout":
             executor.readout(message)
-            deadline = time.monotonic() + 60
-            got: list = []
-            while not got and time.monotonic() < deadline:
-                got = executor.poll()
-                time.sleep(0.005)
+            got = _wait_for_answer(executor)
             assert len(got) == 1, executor.failure
             answers.append(got[0])
-        else:
-            executor.restart(*message)
+        elif kind == "restart":
+            executor.restart(**message.args)
     executor.close()
     return [(a.seq, a.step, a.module, a.reading, a.decision, a.note) for a in answers]
+
+
+def _wait_for_answer(executor, limit_s: float = 60.0) -> list:
+    """Polls until an answer arrives (the outcome never depends on how fast it comes)."""
+    deadline = time.monotonic() + limit_s
+    got: list = []
+    while not got and time.monotonic() < deadline and executor.failure is None:
+        got = executor.poll()
+        if not got:
+            time.sleep(0.005)
+    return got
 
 
 @pytest.mark.parametrize("kind", ["thread", "process-fork", "process-spawn"])
@@ -98,7 +89,7 @@ def test_thread_and_process_controllers_answer_exactly_as_inline(kind):
     messages, decisions, spec = _recorded_run()
     assert len(decisions) >= 2  # the recording includes freezes
     spec.cpu_threshold = None
-    expected = _replay(InlineExecutor(spec.build()), messages)
+    expected = _replay(InlineExecutor(copy.deepcopy(spec)), messages)
     torch.set_num_threads(1)  # the thread controller shares this pool; inline used 1 thread
     if kind == "thread":
         executor = ThreadExecutor(spec, max_in_flight=2, timeout=60)
@@ -115,9 +106,9 @@ def test_process_controller_freezes_without_making_training_wait():
     config = quick_config(executor="process", eval_interval=4, cpu_threshold=None)
     with egeria.Egeria(model, opt, config=config) as eg:
         in_flight = []
-        decisions = train(model, opt, eg, batches(1) * 600, on_step=lambda i: in_flight.append(eg._link.executor.in_flight))
+        decisions = train(model, opt, eg, batches(1) * 600, on_step=lambda i: in_flight.append(eg.controller_stats["in_flight"]))
         stats = eg.controller_stats
-        pid = eg._link.executor.pid
+        pid = stats["pid"]
     assert stats["executor"] == "process" and stats["failure"] is None
     assert max(in_flight) <= config.max_in_flight
     assert stats["sent"] == stats["answered"] + stats["in_flight"]
@@ -138,35 +129,64 @@ def test_a_controller_process_with_two_threads_is_spawned_and_answers():
         deadline = time.monotonic() + 60
         while eg.controller_stats["answered"] == 0 and time.monotonic() < deadline:
             train(model, opt, eg, batches(1) * 4)
-        assert eg._link.executor.start_method == "spawn"
+        assert eg.controller_stats["start_method"] == "spawn"
         assert eg.controller_stats["answered"] > 0 and eg.controller_stats["failure"] is None
 
 
-def test_a_slow_controller_costs_dropped_evaluations_and_late_decisions_are_discarded():
+def _delayed_run(config, lag: int, steps: int = 120):
+    """Trains with a controller each of whose answers arrives ``lag`` steps after its
+    evaluation (1: at the next step boundary)."""
     torch.manual_seed(0)
-    model = Trapped("slow")
+    model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    config = quick_config(executor="thread", max_in_flight=1, max_lag_intervals=1, cpu_threshold=None)
-    eg = egeria.Egeria(model, opt, config=config)
-    data = batches(1) * 40
+    made: list[Delayed] = []
 
-    def slow_step(i: int) -> None:
-        time.sleep(0.02)  # the controller takes about 15 steps per evaluation
+    def executor(spec):
+        made.append(Delayed(spec, max_in_flight=config.max_in_flight))
+        return made[-1]
 
-    decisions = train(model, opt, eg, data, on_step=slow_step)
-    stats = eg.controller_stats
+    eg = egeria.Egeria(model, opt, config=config, policy=egeria.KnowledgeGuided(config, executor=executor))
+    sent_by_step: list[int] = []  # messages sent up to the end of each step
+
+    def deliver(i: int) -> None:
+        sent_by_step.append(len(made[0].outbox))
+        if i + 1 >= lag:  # evaluations of steps up to i + 2 - lag, polled at step i + 2
+            made[0].deliver(sent_by_step[i + 1 - lag])
+
+    decisions = train(model, opt, eg, batches(1) * steps, on_step=deliver)
+    stats, history = eg.controller_stats, eg.history
     eg.close()
-    assert stats["dropped"] > 0
-    assert stats["sent"] + stats["dropped"] >= 30
-    assert decisions == [] or all(d.step - d.evaluated_at <= 1 for d in decisions)
+    return decisions, stats, history
+
+
+def test_evaluations_beyond_max_in_flight_are_dropped_until_answers_come():
+    config = quick_config(max_in_flight=1)
+    _, stats, _ = _delayed_run(config, lag=1000, steps=12)  # never answered
+    assert stats["sent"] == 1 and stats["answered"] == 0 and stats["in_flight"] == 1
+    assert stats["dropped"] >= 5  # one evaluation per step once guided
+    _, stats, _ = _delayed_run(config, lag=2, steps=12)
+    assert stats["answered"] >= 3 and stats["dropped"] >= 3
+    assert stats["sent"] == stats["answered"] + stats["in_flight"]
+
+
+def test_a_decision_within_the_lag_bound_applies_with_its_lag_and_a_later_one_is_discarded():
+    config = quick_config(max_in_flight=3, max_lag_intervals=2)  # n = 1: up to 2 steps late
+    on_time, stats, _ = _delayed_run(config, lag=2)
+    freezes = [d for d in on_time if d.action == "freeze"]
+    assert freezes and stats["discarded_decisions"] == 0
+    assert all(d.step - d.evaluated_at == 2 for d in freezes)
+    late, stats, history = _delayed_run(config, lag=3)
+    assert [d for d in late if d.action == "freeze"] == []
+    assert stats["discarded_decisions"] >= 1 and history  # the controller decided, too late
 
 
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "controller" in r.getMessage()]
 
 
-@pytest.mark.parametrize("executor", ["process", "thread"])
-@pytest.mark.parametrize("trap", ["raise", "hang"])
+@pytest.mark.parametrize(
+    "executor, trap", [("process", "raise"), ("thread", "raise"), ("inline", "raise"), ("process", "hang"), ("thread", "hang")]
+)
 def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, executor, trap):
     torch.manual_seed(0)
     model = Trapped(trap)
@@ -197,7 +217,7 @@ def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, execu
     assert not torch.equal(model.head.weight, before["head.weight"])  # it kept training
     assert closing < 10
     if executor == "process":
-        assert not _alive(eg._link.executor.pid)
+        assert not _alive(stats["pid"])
 
 
 def test_a_killed_controller_process_is_noticed_and_training_goes_on(caplog):
@@ -206,17 +226,21 @@ def test_a_killed_controller_process_is_noticed_and_training_goes_on(caplog):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     eg = egeria.Egeria(model, opt, config=quick_config(executor="process", eval_interval=2, cpu_threshold=None))
     data = batches(1) * 300
+    failed_at = None
     with caplog.at_level(logging.WARNING, logger="egeria"):
-        train(model, opt, eg, data[:20])
-        os.kill(eg._link.executor.pid, 9)
-        time.sleep(0.2)
-        frozen = list(eg.frozen)
-        train(model, opt, eg, data[20:])
-        eg.close()
+        decisions = train(model, opt, eg, data[:20])
+        os.kill(eg.controller_stats["pid"], 9)
+        for i, batch in enumerate(data[20:]):
+            decisions += train(model, opt, eg, [batch])
+            if failed_at is None and eg.controller_stats["failure"] is not None:
+                failed_at, frozen, head = 21 + i, list(eg.frozen), model.head.weight.detach().clone()
+        eg.close(unfreeze=False)
     stats = eg.controller_stats
-    assert "exited" in stats["failure"]
+    assert "exited" in stats["failure"] and failed_at is not None
     assert len(_warnings(caplog)) == 1
-    assert eg.frozen == [] or eg.frozen[: len(frozen)] == frozen
+    assert all(d.step <= failed_at for d in decisions)  # no decision once the failure is known
+    assert eg.frozen == frozen
+    assert not torch.equal(model.head.weight, head)  # training went on
 
 
 def test_an_unpicklable_batch_falls_back_to_a_thread(caplog):
@@ -254,6 +278,8 @@ def test_an_unpicklable_model_under_spawn_falls_back_to_a_thread(caplog):
         eg = egeria.Egeria(
             model, opt, config=quick_config(executor="process", start_method="spawn"), example_inputs=(torch.randn(4, 8),)
         )
+        assert eg.controller_stats == {}  # the controller starts at the first step, not in a forward hook
+        train(model, opt, eg, batches(1))
     assert eg.controller_stats["executor"] == "thread"
     assert any("could not start" in m for m in _warnings(caplog))
     eg.close()
@@ -265,7 +291,7 @@ def test_closing_inside_with_on_keyboard_interrupt_stops_the_controller():
     with pytest.raises(KeyboardInterrupt):
         with egeria.Egeria(model, opt, config=quick_config(executor="process")) as eg:
             train(model, opt, eg, batches(1) * 5)
-            pid = eg._link.executor.pid
+            pid = eg.controller_stats["pid"]
             raise KeyboardInterrupt
     assert not _alive(pid)
 
@@ -283,7 +309,7 @@ def test_no_orphan_process_after_an_interrupted_script_that_never_closes(tmp_pat
             opt = torch.optim.SGD(model.parameters(), lr=0.05)
             eg = egeria.Egeria(model, opt, config=quick_config(executor="process"))
             train(model, opt, eg, batches(1) * 5)
-            print(eg._link.executor.pid, flush=True)
+            print(eg.controller_stats["pid"], flush=True)
             raise KeyboardInterrupt
             """
         )
@@ -306,12 +332,12 @@ def test_checkpoint_in_process_mode_waits_for_the_controller_and_resumes():
     train(model, opt, eg, batches(1) * 40)
     state = eg.state_dict()
     assert eg.controller_stats["in_flight"] == 0  # the checkpoint waited for every answer
-    assert state["link"]["controller"] is not None
+    assert state["policy_state"]["link"]["controller"] is not None
     eg.close()
     eg2 = egeria.Egeria(model, opt, config=config, example_inputs=(torch.randn(4, 8),))
     eg2.load_state_dict(state)
     again = eg2.state_dict()
-    assert again["link"]["controller"] == state["link"]["controller"] | {"waited_s": again["link"]["controller"]["waited_s"]}
+    assert again["policy_state"]["link"]["controller"] == state["policy_state"]["link"]["controller"]
     assert eg2.history == eg.history
     train(model, opt, eg2, batches(1) * 10)
     assert len(eg2.history) > len(eg.history)

@@ -90,8 +90,8 @@ def test_a_users_own_policy_object():
     class EveryTenSteps:
         name = "every-ten"
 
-        def bind(self, model, partition):
-            self.bound = True
+        def bind(self, binding):
+            self.bound = binding.partition.names == eg.modules
 
         def target(self, info):
             return info.step // 10

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from .config import EgeriaConfig
 from .decision import Decision
-from .engine import Egeria, derive_eval_interval
+from .engine import Egeria
 from .partition import LayerModule, Partition, partition_model
+from .policies import KnowledgeGuided, derive_eval_interval
 from .similarity import sp_loss
 from .unfreezing import LRDropRule, UnfreezeContext
 
@@ -17,6 +18,7 @@ __all__ = [
     "LRDropRule",
     "UnfreezeContext",
     "derive_eval_interval",
+    "KnowledgeGuided",
     "partition_model",
     "Partition",
     "LayerModule",

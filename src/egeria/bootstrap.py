@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["BootstrapMonitor"]
 
@@ -26,9 +27,16 @@ class BootstrapMonitor:
     change_rate: float
     means: list[float] = field(default_factory=list)
     done: bool = False
+    pending: list[Any] = field(default_factory=list)  # this interval's losses (tensors or floats)
 
-    def end_interval(self, losses: list[float]) -> bool:
-        """Takes the finite losses of one interval; returns True once bootstrapping is over."""
+    def record(self, loss: Any) -> None:
+        """Keeps one step's loss (a tensor stays on its device until the interval ends)."""
+        self.pending.append(loss)
+
+    def end_interval(self) -> bool:
+        """Takes the losses recorded in this interval; returns True once bootstrapping is over."""
+        losses = [float(v) for v in self.pending]  # one device sync per interval
+        self.pending = []
         finite = [v for v in losses if math.isfinite(v)]
         if len(finite) < len(losses):
             logger.warning("ignored %d non-finite training losses in this interval", len(losses) - len(finite))
@@ -45,7 +53,8 @@ class BootstrapMonitor:
         return self.done
 
     def state_dict(self) -> dict:
-        return {"change_rate": self.change_rate, "means": list(self.means), "done": self.done}
+        pending = [v for v in map(float, self.pending) if math.isfinite(v)]
+        return {"change_rate": self.change_rate, "means": list(self.means), "done": self.done, "pending": pending}
 
     @classmethod
     def from_state(cls, state: dict) -> BootstrapMonitor:

@@ -1,11 +1,12 @@
 """Where the controller runs, seen from the training side (the worker): inline, in a
 thread, or in its own process (paper 4.1.1-4.1.2; ``EgeriaConfig.executor``).
 
-All three take the same messages in the same order and run the same
-:class:`~egeria.controller.Controller`, so the same sequence of evaluations gives the same
-readings and decisions. They differ in when an answer comes back:
+All three put the same messages on the same four queues, served by the same loop
+(:class:`~egeria.service.Service`) around the same :class:`~egeria.controller.Controller`,
+so the same sequence of evaluations gives the same readings and decisions by construction. They differ in when an answer comes back:
 
-* ``inline``: inside the call, so a freeze applies at the end of its evaluation step.
+* ``inline``: each message is handled as it is sent, in the caller's thread, so a freeze
+  applies at the end of its evaluation step.
 * ``thread`` / ``process``: the worker never waits. It sends the request and the readout
   and carries on; :meth:`poll` at later step boundaries picks up whatever answers are in.
   At most ``max_in_flight`` evaluations are unanswered at a time; a further one is
@@ -29,7 +30,6 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .controller import Controller
 from .cpuload import CpuLoad
 from .nested import map_tensors
 from .protocol import Control, Readout, Reply, Request, Result
@@ -64,6 +64,7 @@ class Executor:
         self.dropped = 0
         self.answered = 0
         self.controller_seconds = 0.0
+        self.waited_s = 0.0
         self.failure: str | None = None
 
     def weights(self, state: Mapping[str, torch.Tensor], keys: list[str]) -> Any:
@@ -89,6 +90,7 @@ class Executor:
             self.in_flight -= 1
             self.answered += 1
             self.controller_seconds += result.seconds
+            self.waited_s += result.waited_s
         return results
 
     def stats(self) -> dict:
@@ -99,6 +101,7 @@ class Executor:
             "answered": self.answered,
             "in_flight": self.in_flight,
             "controller_seconds": self.controller_seconds,
+            "waited_s": self.waited_s,
             "failure": self.failure,
         }
 
@@ -125,46 +128,6 @@ class Executor:
         raise NotImplementedError
 
 
-class InlineExecutor(Executor):
-    """The controller runs inside the calls (the synchronous path)."""
-
-    name = "inline"
-
-    def __init__(self, controller: Controller) -> None:
-        super().__init__(max_in_flight=1)
-        self.controller = controller
-        self._pending: tuple[Request, torch.Tensor | None] | None = None
-        self._results: list[Result] = []
-
-    def weights(self, state: Mapping[str, torch.Tensor], keys: list[str]) -> Any:
-        return {k: state[k] for k in keys}  # read right away: no copy needed
-
-    def _send_request(self, request: Request) -> None:
-        self._pending = (request, self.controller.reference_activation(request))
-
-    def readout(self, readout: Readout) -> None:
-        assert self._pending is not None and self._pending[0].seq == readout.seq
-        request, reference = self._pending
-        self._pending = None
-        self._results.append(self.controller.finish(request, reference, readout))
-
-    def _receive(self) -> list[Result]:
-        results, self._results = self._results, []
-        return results
-
-    def restart(self, generation: int, frozen: int, window: int) -> None:
-        self.controller.restart(generation, frozen, window)
-
-    def state_dict(self, live: Any, last_seq: int) -> dict | None:
-        return self.controller.state_dict(live)
-
-    def load_state_dict(self, state: dict, weights: Any, last_seq: int) -> None:
-        self.controller.load_state_dict(state, weights)
-
-    def close(self) -> None:
-        self.controller.reference = None
-
-
 class _QueueExecutor(Executor):
     """A controller behind queues, served by :class:`~egeria.service.Service`."""
 
@@ -176,19 +139,22 @@ class _QueueExecutor(Executor):
         self._closed = False
         self.channels: Channels
 
+    def _put(self, channel: Any, message: Any) -> None:
+        channel.put_nowait(message)
+
     def _send_request(self, request: Request) -> None:
-        self.channels.requests.put_nowait(request)
+        self._put(self.channels.requests, request)
 
     def readout(self, readout: Readout) -> None:
         if self.failure is None:
-            self.channels.readouts.put_nowait(readout)
+            self._put(self.channels.readouts, readout)
 
     def restart(self, generation: int, frozen: int, window: int) -> None:
         self._control("restart", generation=generation, frozen=frozen, window=window)
 
     def _control(self, kind: str, **args: Any) -> None:
         if self.failure is None:
-            self.channels.control.put(Control(kind, args))
+            self._put(self.channels.control, Control(kind, args))
 
     def _receive(self) -> list[Result]:
         results, self._early = self._early, []
@@ -265,6 +231,44 @@ class _QueueExecutor(Executor):
         if self.failure is None:
             self._control("stop")
         self._stop(graceful=self.failure is None)
+
+
+class InlineExecutor(_QueueExecutor):
+    """The controller served in the caller's thread: each message is handled as soon as
+    it is put on its queue, so an answer is ready at the next :meth:`poll`.
+
+    Args:
+        spec: what the controller is built from.
+        max_in_flight, timeout: as for the other executors.
+    """
+
+    name = "inline"
+
+    def __init__(self, spec: ControllerSpec, *, max_in_flight: int = 2, timeout: float = 60.0) -> None:
+        super().__init__(max_in_flight, timeout)
+        self.channels = Channels(queue.Queue(), queue.Queue(), queue.Queue(), queue.Queue())
+        self.service = Service(
+            spec.build(), self.channels, cpu_threshold=None, load=None, beat=lambda: None, alive=lambda: True
+        )
+        self.ready = True
+
+    def weights(self, state: Mapping[str, torch.Tensor], keys: list[str]) -> Any:
+        return {k: state[k] for k in keys}  # handled before the call returns: no copy needed
+
+    def _put(self, channel: Any, message: Any) -> None:
+        channel.put_nowait(message)
+        self.deliver()
+
+    def deliver(self) -> None:
+        """Lets the controller handle every message sent so far."""
+        self.service.pump()
+
+    def _check_health(self) -> None:
+        return None
+
+    def _stop(self, graceful: bool) -> None:
+        self.service.pump()  # obeys the stop
+        self.service.controller.reference = None
 
 
 class ThreadExecutor(_QueueExecutor):
@@ -389,6 +393,9 @@ class ProcessExecutor(_QueueExecutor):
     def pid(self) -> int | None:
         return self.process.pid
 
+    def stats(self) -> dict:
+        return super().stats() | {"pid": self.process.pid, "start_method": self.start_method}
+
 
 def picklable(value: Any) -> str | None:
     """None when ``value`` (its tensors aside) can be pickled, else the reason."""
@@ -409,7 +416,7 @@ def make_executor(
 ) -> Executor:
     """The executor of ``kind``; a process that cannot start falls back to a thread."""
     if kind == "inline":
-        return InlineExecutor(spec_factory().build())
+        return InlineExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout)
     if kind == "process":
         try:
             return ProcessExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout, start_method=start_method)

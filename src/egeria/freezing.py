@@ -10,12 +10,15 @@ that the user's own ``model.train()`` cannot undo it.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["freeze_parameters", "unfreeze_parameters", "EvalLock"]
+from .hooks import mark
+from .partition import Partition
+
+__all__ = ["freeze_parameters", "unfreeze_parameters", "EvalLock", "FrozenPrefix"]
 
 
 def freeze_parameters(params: Iterable[nn.Parameter]) -> None:
@@ -41,7 +44,7 @@ class EvalLock:
     def __init__(self, module: nn.Module) -> None:
         self._module = module
         self._set_eval()
-        self._handle: RemovableHandle | None = module.register_forward_pre_hook(self._before_forward)
+        self._handle: RemovableHandle | None = mark(module.register_forward_pre_hook(self._before_forward))
 
     def _set_eval(self) -> None:
         for sub in self._module.modules():
@@ -57,3 +60,67 @@ class EvalLock:
             self._handle.remove()
             self._handle = None
             self._module.train(training)
+
+
+class FrozenPrefix:
+    """The frozen layer modules of one model: always a prefix of its partition.
+
+    The one owner of the frozen count: the engine, the policies and the cache ask it.
+
+    Args:
+        model: the training model.
+        partition: its layer modules.
+        on_change: called with the new count after every change (the activation cache).
+    """
+
+    def __init__(self, model: nn.Module, partition: Partition, on_change: Callable[[int], None] | None = None) -> None:
+        self.model = model
+        self.partition = partition
+        self.on_change = on_change
+        # Parameters the user froze stay frozen: Egeria never makes them trainable.
+        self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        self._params = dict(model.named_parameters())
+        self._locks: list[EvalLock] = []
+        self.count = 0
+
+    @property
+    def names(self) -> list[str]:
+        return self.partition.names[: self.count]
+
+    def move_to(self, target: int) -> list[tuple[str, tuple[str, ...]]]:
+        """Freezes or unfreezes so that the first ``target`` modules (clipped to the
+        freezable ones) are frozen; a shallower target unfreezes everything first.
+
+        Returns:
+            What changed, in order: ``("unfreeze", names)`` and/or ``("freeze", names)``.
+        """
+        target = max(0, min(int(target), self.partition.freezable))
+        changes: list[tuple[str, tuple[str, ...]]] = []
+        if target < self.count:
+            changes.append(("unfreeze", tuple(self.names)))
+            self._unfreeze_all()
+        if target > self.count:
+            changes.append(("freeze", tuple(self.partition.names[self.count : target])))
+            while self.count < target:
+                self._freeze_next()
+        if changes and self.on_change is not None:
+            self.on_change(self.count)
+        return changes
+
+    def _freeze_next(self) -> None:
+        module = self.partition.modules[self.count]
+        freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+        self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
+        self.count += 1
+
+    def _unfreeze_all(self) -> None:
+        for module in self.partition.modules[: self.count]:
+            unfreeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+        self.release_locks(self.model.training)
+        self.count = 0
+
+    def release_locks(self, training: bool) -> None:
+        """Lets the frozen modules' train/eval mode follow ``training`` again."""
+        for lock in self._locks:
+            lock.release(training)
+        self._locks = []

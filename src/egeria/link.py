@@ -1,21 +1,23 @@
 """The training side's link to the controller (the paper's Egeria worker, 4.1.1).
 
-It numbers evaluations, sends their requests and readouts through the configured
-executor, collects the answers at step boundaries, keeps the plasticity history, counts
-drops and decision lags, and handles a controller that fails: one warning, no more
-evaluations, training goes on. A process that cannot start or cannot receive a batch
-is replaced by a thread.
+It owns everything about one evaluation on the training side: which step's forward pass
+to capture, the captured batch (and activation, in ``"train"`` mode), the request and
+the readout sent through the executor. It collects the answers at step boundaries,
+discards decisions that arrive too late, keeps the plasticity history and counts drops
+and lags. A controller that fails costs one warning and no more evaluations; a process
+that cannot start or cannot receive a batch is replaced by a thread.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import torch
 
-from .executors import ControllerStartError, Executor, ThreadExecutor, make_executor
+from .executors import ControllerStartError, Executor, ThreadExecutor
 from .protocol import Readout, Request, Result, result_from_json, result_to_json
 from .service import ControllerSpec
 from .weights import ModuleKeys
@@ -25,45 +27,61 @@ __all__ = ["ControllerLink"]
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class _Evaluation:
+    """One evaluation in progress on the training side."""
+
+    step: int
+    module: int
+    batch: tuple
+    sent: bool = False  # its request went to the controller
+    open: bool = True  # its forward pass is running (activations may be captured)
+    activation: torch.Tensor | None = None
+
+
 class ControllerLink:
     """One controller, reached through an executor.
 
     Args:
-        kind: "process", "thread" or "inline".
-        spec_factory: builds the controller's spec (with a fresh CPU snapshot of the model).
+        executor: the executor to start with.
+        spec_factory: builds the controller's spec (with a fresh CPU snapshot of the
+            model), for a thread that replaces a failed process.
         keys: the model's state keys per layer module.
         freezable: how many leading modules may freeze.
-        window: the controller's starting W.
-        max_in_flight, timeout, start_method: see :class:`~egeria.config.EgeriaConfig`.
+        watch: returns the (frozen count, window W) a replacement controller watches.
+        hooked: the training activation comes from the training forward pass
+            (``activation_mode="train"``) rather than the controller's eval-mode copy.
+        max_in_flight, timeout: see :class:`~egeria.config.EgeriaConfig`.
     """
 
     def __init__(
         self,
-        kind: str,
+        executor: Executor,
         spec_factory: Callable[[], ControllerSpec],
         keys: ModuleKeys,
         freezable: int,
-        window: int,
+        watch: Callable[[], tuple[int, int]],
         *,
+        hooked: bool,
         max_in_flight: int,
         timeout: float,
-        start_method: str | None,
     ) -> None:
         self._spec_factory = spec_factory
         self._options = dict(max_in_flight=max_in_flight, timeout=timeout)
         self.keys = keys
         self.freezable = freezable
-        self.frozen = 0  # the worker's frozen count and window, for a restart after a fallback
-        self.window = window
-        self.executor: Executor = make_executor(kind, spec_factory, start_method=start_method, **self._options)
+        self.watch = watch
+        self.hooked = hooked
+        self.executor = executor
         self._finalizer = weakref.finalize(self, _close_quietly, self.executor)
         self.generation = 0
         self.seq = 0
+        self.armed_for: int | None = None  # the step whose forward pass is captured
+        self.evaluation: _Evaluation | None = None
         self.history: list[dict] = []
         self.lags: list[int] = []
         self.discarded = 0
         self.fallbacks: list[str] = []
-        self._request: Request | None = None
         self._newly_frozen: list[int] = []
         self._pending: list[Result] = []
         self._warned = False
@@ -73,21 +91,61 @@ class ControllerLink:
         """False once the controller failed: no more evaluations are sent."""
         return self.executor.failure is None
 
-    # -- one evaluation ------------------------------------------------------------
+    # -- one evaluation, on the training side ------------------------------------------
 
-    def offer(self, state: Callable[[], Mapping[str, torch.Tensor]], step: int, module: int, batch: tuple) -> bool:
-        """Sends the request of the evaluation at ``step`` (its forward pass is starting);
-        False when it was dropped. ``state()`` gives the model's state; it is read only
-        when modules froze since the previous request."""
+    def arm(self, step: int | None) -> None:
+        """Capture the forward pass of ``step`` (None: none)."""
+        self.armed_for = step if self.usable else None
+
+    def begin(self, step: int, module: int, batch: Callable[[], tuple], send: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+        """A training forward pass of ``step`` starts: capture its batch if armed, and send
+        the request now when ``send`` (guided freezing is on)."""
+        if self.armed_for != step or self.evaluation is not None:
+            return
+        evaluation = _Evaluation(step, module, batch())
+        if send and not self._offer(evaluation, state):
+            return  # dropped: the controller is behind
+        self.evaluation = evaluation
+
+    def wants_activation(self, module: int) -> bool:
+        """Whether the running forward pass's output of ``module`` is to be captured."""
+        e = self.evaluation
+        return self.hooked and e is not None and e.open and e.module == module and e.activation is None
+
+    def capture(self, activation: torch.Tensor) -> None:
+        assert self.evaluation is not None
+        self.evaluation.activation = activation
+
+    def forward_ended(self) -> None:
+        if self.evaluation is not None:
+            self.evaluation.open = False
+
+    def complete(self, guided: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+        """The step boundary after the captured forward pass: the evaluation goes out with
+        the weights after the update (a batch captured while bootstrapping goes out only if
+        guided freezing has just started)."""
+        evaluation, self.evaluation = self.evaluation, None
+        if evaluation is None or not guided or not self.usable:
+            return
+        if not evaluation.sent and not self._offer(evaluation, state):
+            return
+        if self.hooked and evaluation.activation is None:
+            self._cancel()
+            return
+        self.executor.readout(Readout(self.seq, evaluation.activation, self._front_weights(state(), evaluation.module)))
+
+    def _offer(self, evaluation: _Evaluation, state: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
+        """Sends the evaluation's request; False when it was dropped. ``state()`` is read
+        only when modules froze since the previous request (their final weights go along)."""
         if not self.usable:
             return False
         final = tuple(self._newly_frozen)
         request = Request(
             self.seq + 1,
             self.generation,
-            step,
-            module,
-            batch,
+            evaluation.step,
+            evaluation.module,
+            evaluation.batch,
             self.executor.weights(state(), self.keys.of(final, loose=False)) if final else None,
             final,
         )
@@ -99,35 +157,31 @@ class ControllerLink:
             sent = self.executor.offer(request)
         if sent:
             self.seq = request.seq
-            self._request = request
+            evaluation.sent = True
             self._newly_frozen = []
         return sent
 
-    @property
-    def awaiting_readout(self) -> bool:
-        return self._request is not None
-
-    def readout(self, state: Mapping[str, torch.Tensor], activation: torch.Tensor | None) -> None:
-        """Completes the sent request at the end of its step, with the weights the
-        controller refreshes from: modules 0 to watched + 1 and the loose entries."""
-        request, self._request = self._request, None
-        if request is None or not self.usable:
-            return
-        self.executor.readout(Readout(request.seq, activation, self._front_weights(state, request.module)))
-
-    def _front_weights(self, state: Mapping[str, torch.Tensor], watched: int):
+    def _front_weights(self, state: Mapping[str, torch.Tensor], watched: int) -> Any:
         """What the controller refreshes from: modules 0 to ``watched`` + 1, loose entries."""
         return self.executor.weights(state, self.keys.of(range(min(watched + 2, self.freezable + 1))))
 
-    def cancel(self) -> None:
+    def _cancel(self) -> None:
         """Completes the sent request without a reading."""
-        request, self._request = self._request, None
-        if request is not None and self.usable:
-            self.executor.readout(Readout(request.seq, None, None))
+        if self.usable:
+            self.executor.readout(Readout(self.seq, None, None))
 
-    def results(self, step: int) -> list[Result]:
-        """Answers of this generation that arrived since the last call, with their
-        readings added to :attr:`history`."""
+    def _drop_evaluation(self) -> None:
+        evaluation, self.evaluation = self.evaluation, None
+        if evaluation is not None and evaluation.sent:
+            self._cancel()
+
+    # -- answers -------------------------------------------------------------------
+
+    def decisions(self, step: int, frozen: int, max_lag: int, window: int) -> list[Result]:
+        """This generation's answers that arrived since the last call, their readings added
+        to :attr:`history`; returns the freeze decisions about module ``frozen`` (and the
+        ones after it) that are at most ``max_lag`` steps old. A later one is discarded and
+        the controller watches afresh with window ``window``."""
         try:
             arrived = self._pending + self.executor.poll()
         except ControllerStartError as err:
@@ -135,28 +189,37 @@ class ControllerLink:
             self._fall_back(str(err))
         self._pending = []
         self._warn_failure()
-        current = []
+        accepted = []
         for result in arrived:
             self.lags.append(step - result.step)
             if result.generation != self.generation:
                 continue
             if result.reading is not None:
                 self.history.append(result.reading)
-            current.append(result)
-        return current
+            if result.decision is None or result.module != frozen + len(accepted):
+                continue
+            if step - result.step > max_lag:
+                logger.info(
+                    "step %d: freeze of %s decided at step %d arrived after %d steps (bound %d); discarded, "
+                    "the controller watches it afresh",
+                    step, ", ".join(result.decision.modules), result.step, step - result.step, max_lag,
+                )
+                self.discarded += 1
+                self.restart(frozen + len(accepted), window)  # the rest of this generation's answers are stale now
+                continue
+            accepted.append(result)
+        return accepted
 
     def froze(self, module: int) -> None:
         """The worker froze ``module``: the next request carries its final weights."""
         self._newly_frozen.append(module)
-        self.frozen = module + 1
 
     def restart(self, frozen: int, window: int) -> None:
-        """A new generation: the controller forgets its watch and watches ``frozen``."""
+        """A new generation: the controller forgets its watch and watches module ``frozen``
+        with window ``window`` (after an unfreeze, or a discarded decision)."""
         self.generation += 1
-        self.frozen, self.window = frozen, window
         self._newly_frozen = []
-        if self._request is not None:
-            self.cancel()
+        self._drop_evaluation()
         self.executor.restart(self.generation, frozen, window)
 
     # -- faults --------------------------------------------------------------------
@@ -177,19 +240,20 @@ class ControllerLink:
         self._finalizer.detach()
         self.executor = ThreadExecutor(self._spec_factory(), **self._options)
         self._finalizer = weakref.finalize(self, _close_quietly, self.executor)
-        self._request = None
         self._pending = []
+        if self.evaluation is not None:
+            self.evaluation.sent = False
         self.generation += 1
         self._newly_frozen = []
-        self.executor.restart(self.generation, self.frozen, self.window)
+        frozen, window = self.watch()
+        self.executor.restart(self.generation, frozen, window)
 
     # -- checkpointing ----------------------------------------------------------------
 
     def state_dict(self, state: Mapping[str, torch.Tensor], frozen: int) -> dict:
         """The controller's state (waiting for it to finish what was sent) and the
-        worker's bookkeeping, JSON-safe except for the controller's tensors."""
-        if self._request is not None:
-            self.cancel()
+        link's bookkeeping, JSON-safe except for the controller's tensors."""
+        self._drop_evaluation()
         controller = None
         if self.usable:
             controller = self.executor.state_dict(self._front_weights(state, frozen), self.seq)
@@ -203,13 +267,13 @@ class ControllerLink:
             "history": list(self.history),
         }
 
-    def load_state_dict(self, saved: dict, state: Mapping[str, torch.Tensor], frozen: int, window: int) -> None:
-        self.frozen, self.window = frozen, window
+    def load_state_dict(self, saved: dict, state: Mapping[str, torch.Tensor], frozen: int) -> None:
         self.generation = int(saved["generation"])
         self.seq = int(saved["seq"])
         self._newly_frozen = list(saved["newly_frozen"])
         self._pending = [result_from_json(r) for r in saved["pending"]]
         self.history = list(saved["history"])
+        self.evaluation = None
         if saved["controller"] is not None:
             self.executor.load_state_dict(saved["controller"], self._front_weights(state, frozen), self.seq)
 
@@ -221,6 +285,7 @@ class ControllerLink:
 
     def close(self) -> None:
         self._finalizer.detach()
+        self.evaluation = None
         self.executor.close()
 
 

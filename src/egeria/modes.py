@@ -8,7 +8,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-__all__ = ["eval_forward"]
+__all__ = ["eval_forward", "OwnPasses"]
 
 
 @contextlib.contextmanager
@@ -23,3 +23,29 @@ def eval_forward(model: nn.Module) -> Iterator[None]:
     finally:
         for module, flag in flags:
             module.training = flag
+
+
+class OwnPasses:
+    """Egeria's own forward passes of the user's model (tracing, cache checks), flagged
+    while they run so that Egeria's hooks can tell them from training forwards.
+
+    Args:
+        model: the user's model.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.active = False
+
+    def is_active(self) -> bool:
+        return self.active
+
+    @contextlib.contextmanager
+    def eval_forward(self) -> Iterator[None]:
+        """An eval-mode, no-grad forward pass of Egeria's own (see :func:`eval_forward`)."""
+        self.active = True
+        try:
+            with eval_forward(self.model):
+                yield
+        finally:
+            self.active = False

@@ -20,6 +20,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from .hooks import mark
+
 __all__ = [
     "LayerModule",
     "Partition",
@@ -258,7 +260,12 @@ class ExecutionTrace:
     def __init__(self, model: nn.Module, blocks: Sequence[str]) -> None:
         self.order: list[str] = []
         named = dict(model.named_modules())
-        self._handles = [named[b].register_forward_pre_hook(self._seen(b)) for b in blocks]
+        self._handles = [mark(named[b].register_forward_pre_hook(self._seen(b))) for b in blocks]
+
+    @property
+    def active(self) -> bool:
+        """True until :meth:`remove`: the order may still grow."""
+        return bool(self._handles)
 
     def _seen(self, name: str):
         def hook(module: nn.Module, args: tuple) -> None:

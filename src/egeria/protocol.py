@@ -72,6 +72,7 @@ class Result:
         decision: a freeze decision, or None.
         note: why there is no reading ("stale", "cancelled", "building", "non-finite").
         seconds: controller time spent on the evaluation.
+        waited_s: time the controller waited for a quiet CPU before it.
     """
 
     seq: int
@@ -82,6 +83,7 @@ class Result:
     decision: Decision | None = None
     note: str = ""
     seconds: float = 0.0
+    waited_s: float = 0.0
 
 
 def result_to_json(result: Result) -> dict:

@@ -52,7 +52,6 @@ class ReferenceModel:
         partition: its layer modules.
         precision: ``"int8"``, ``"bf16"`` or ``"fp32"``.
         threads: torch threads for the reference's work (None: leave torch's setting).
-        skip_hooks: ids of forward hooks (of Egeria's own) not to copy into the snapshot.
     """
 
     def __init__(
@@ -62,7 +61,6 @@ class ReferenceModel:
         precision: str,
         *,
         threads: int | None = 1,
-        skip_hooks: Sequence[int] = (),
     ) -> None:
         reason = int8_unavailable() if precision == "int8" else None
         if reason:
@@ -71,7 +69,7 @@ class ReferenceModel:
         self.precision = precision
         self.threads = threads
         self._partition = partition
-        self._float = cpu_snapshot(template, skip_hooks)
+        self._float = cpu_snapshot(template)
         self._keys = ModuleKeys(self._float, partition)
         self._built: dict[str, nn.Module] = {}
         self._observers: dict[str, dict[str, list[float]]] = {}

@@ -107,30 +107,47 @@ class Service:
         self.waited_s = 0.0
 
     def run(self) -> None:
+        """Serves until stopped or orphaned, waiting for messages (thread and process)."""
         try:
             self.ch.results.put(Reply("ready"))
             while not self.stopped and self.alive():
                 self.beat()
-                self._read_control()
-                if self.stopped:
-                    break
-                if self.pending is None:
-                    self._take_request()
-                else:
-                    self._take_readout()
-                self._answer_state()
+                self._turn(_POLL_S)
         except BaseException:  # noqa: B902 - report every failure, then end
             self.ch.results.put(Reply("failed", traceback.format_exc()))
 
+    def pump(self) -> None:
+        """Handles every message already queued, without waiting (the inline executor)."""
+        try:
+            while not self.stopped and self._turn(None):
+                pass
+        except BaseException:  # noqa: B902 - report every failure, then serve no more
+            self.stopped = True
+            self.ch.results.put(Reply("failed", traceback.format_exc()))
+
+    def _turn(self, timeout: float | None) -> bool:
+        """One round: control messages, then a request or the readout it waits for, then a
+        state answer; ``timeout`` seconds of waiting for the evaluation message at most
+        (None: none). True when anything was handled."""
+        handled = self._read_control()
+        if self.stopped:
+            return handled
+        if self.pending is None:
+            handled = self._take_request(timeout) or handled
+        else:
+            handled = self._take_readout(timeout) or handled
+        return self._answer_state() or handled
+
     # -- evaluations ---------------------------------------------------------------
 
-    def _take_request(self) -> None:
-        request = _get(self.ch.requests, _POLL_S)
+    def _take_request(self, timeout: float | None) -> bool:
+        request = _get(self.ch.requests, timeout)
         if request is None:
-            return
+            return False
         while request.generation > self.controller.generation and not self.stopped:
             self._read_control(block=True)  # its restart is on the control queue
         self.pending = (request, self._reference(request))
+        return True
 
     def _reference(self, request: Request) -> torch.Tensor | None:
         if not self.controller.is_current(request) or self.controller.reference is None:
@@ -145,28 +162,36 @@ class Service:
         self._read_control()
         return self.stopped or self.state_request is not None or not self.alive()
 
-    def _take_readout(self) -> None:
-        readout: Readout | None = _get(self.ch.readouts, _POLL_S)
+    def _take_readout(self, timeout: float | None) -> bool:
+        readout: Readout | None = _get(self.ch.readouts, timeout)
         if readout is None:
-            return
+            return False
         assert self.pending is not None
         request, reference = self.pending
         if readout.seq != request.seq:
             raise RuntimeError(f"readout {readout.seq} arrived for request {request.seq}")
         self.pending = None
         result = self.controller.finish(request, reference, readout)
+        result.waited_s, self.waited_s = self.waited_s, 0.0
         self.done_seq = request.seq
         self.ch.results.put(result)
+        return True
 
     # -- control -------------------------------------------------------------------
 
-    def _read_control(self, block: bool = False) -> None:
+    def obey_control(self) -> None:
+        """Handles the control messages already queued (a fake transport in tests)."""
+        self._read_control()
+        self._answer_state()
+
+    def _read_control(self, block: bool = False) -> bool:
+        handled = False
         while True:
             message: Control | None = _get(self.ch.control, _POLL_S if block else None)
             if message is None:
-                return
+                return handled
             self._obey(message)
-            block = False
+            handled, block = True, False
 
     def _obey(self, message: Control) -> None:
         args = message.args
@@ -183,15 +208,14 @@ class Service:
         else:
             raise ValueError(f"unknown control message {message.kind!r}")
 
-    def _answer_state(self) -> None:
+    def _answer_state(self) -> bool:
         """Answers a state request once every evaluation sent before it is done."""
         request = self.state_request
         if request is None or self.done_seq < request["last_seq"]:
-            return
+            return False
         self.state_request = None
-        state = self.controller.state_dict(as_mapping(request["live"]))
-        state["waited_s"] = self.waited_s
-        self.ch.results.put(Reply("state", state))
+        self.ch.results.put(Reply("state", self.controller.state_dict(as_mapping(request["live"]))))
+        return True
 
 
 def _get(q: Any, timeout: float | None) -> Any:

@@ -6,6 +6,8 @@ from typing import Any
 
 from torch import nn
 
+from .hooks import mark
+
 __all__ = ["run_until"]
 
 
@@ -33,7 +35,7 @@ def run_until(model: nn.Module, block: str | None, args: tuple, kwargs: dict) ->
         def stop(module: nn.Module, inputs: tuple, output: Any) -> None:
             raise _Stop(output)
 
-        handle = model.get_submodule(block).register_forward_hook(stop)
+        handle = mark(model.get_submodule(block).register_forward_hook(stop))
     try:
         model(*args, **kwargs)
     except _Stop as stopped:

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from .hooks import is_marked
 from .partition import Partition
 
 __all__ = ["cpu_snapshot", "ModuleKeys", "PackedState", "as_mapping"]
@@ -26,15 +27,14 @@ _HOOK_DICTS = (
 )
 
 
-def cpu_snapshot(model: nn.Module, skip_hooks: Iterable[int] = ()) -> nn.Module:
-    """An fp32 eval-mode CPU copy of ``model`` without the forward hooks in ``skip_hooks``."""
-    skip = set(skip_hooks)
+def cpu_snapshot(model: nn.Module) -> nn.Module:
+    """An fp32 eval-mode CPU copy of ``model`` without Egeria's own forward hooks."""
     memo: dict[int, Any] = {}
     for module in model.modules():
         for attr in _HOOK_DICTS:
             hooks = getattr(module, attr, None)
             if hooks:
-                memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if k not in skip)
+                memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if not is_marked(k))
     # Tensors go straight to the CPU: no second copy of the model on the training device.
     for p in model.parameters():
         memo[id(p)] = nn.Parameter(_cpu_float(p), requires_grad=False)

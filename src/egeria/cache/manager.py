@@ -32,6 +32,7 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
+from ..hooks import mark
 from ..partition import Partition
 from .prefetch import Prefetcher, to_device
 from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
@@ -138,8 +139,8 @@ class ActivationCache:
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
         self.stats = {"served": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
         self._handles = [
-            model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True),
-            model.register_forward_hook(self._on_forward_end, always_call=True),
+            mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)),
+            mark(model.register_forward_hook(self._on_forward_end, always_call=True)),
         ]
 
     # -- what the loader and the engine tell it ---------------------------------------
@@ -244,7 +245,7 @@ class ActivationCache:
             def grab(module: nn.Module, args: tuple, output: Any, name: str = name) -> None:
                 level.specs[name] = Spec(output, batch)
 
-            handles.append(self.model.get_submodule(name).register_forward_hook(grab))
+            handles.append(mark(self.model.get_submodule(name).register_forward_hook(grab)))
         self._spec_handles = handles
 
     # -- levels ----------------------------------------------------------------------
@@ -255,7 +256,7 @@ class ActivationCache:
             if partition is None:
                 return None
             level = _Level(self.frozen, partition)
-            level.handle = self.model.get_submodule(level.boundary).register_forward_hook(self._on_boundary(level))
+            level.handle = mark(self.model.get_submodule(level.boundary).register_forward_hook(self._on_boundary(level)))
             self.levels[self.frozen] = level
         return self.levels[self.frozen]
 
@@ -353,7 +354,7 @@ class ActivationCache:
         """Runs the batch both ways (eval mode, no gradients): is the model a chain here?"""
         self._self_forward = True
         exact: list[Any] = []
-        handle = self.model.get_submodule(level.boundary).register_forward_hook(lambda m, a, out: exact.append(out))
+        handle = mark(self.model.get_submodule(level.boundary).register_forward_hook(lambda m, a, out: exact.append(out)))
         try:
             with self._eval_forward():
                 full = self.model(*args, **kwargs)

@@ -1,8 +1,8 @@
 """Freezing policies: *when* to freeze; the engine decides *how* (the same for all).
 
-``make_policy(name, **options)`` builds one by name: ``"freezeout"``, ``"autofreeze"``,
-``"linear"``, ``"static"``, ``"none"``. ``"egeria"`` (the default) is the engine's own
-knowledge-guided rule and needs no policy object.
+``make_policy(name, **options)`` builds a baseline by name: ``"freezeout"``,
+``"autofreeze"``, ``"linear"``, ``"static"``, ``"none"``. ``"egeria"`` (the default) is
+:class:`KnowledgeGuided`, built from the whole :class:`~egeria.EgeriaConfig`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from .autofreeze import AutoFreeze
-from .base import FreezePolicy, StatelessPolicy, StepInfo
+from .base import Binding, FreezePolicy, Move, StatelessPolicy, StepInfo, Target
+from .knowledge import KnowledgeGuided, derive_eval_interval
 from .schedules import FreezeOut, LinearSchedule, NoFreezing, StaticFreezing
 
 __all__ = [
+    "Binding",
     "FreezePolicy",
+    "KnowledgeGuided",
+    "Move",
     "StepInfo",
+    "Target",
+    "derive_eval_interval",
     "StatelessPolicy",
     "AutoFreeze",
     "FreezeOut",
@@ -26,7 +32,7 @@ __all__ = [
     "make_policy",
 ]
 
-#: Policies by name; "egeria" is built into the engine.
+#: Baseline policies by name; "egeria" is :class:`KnowledgeGuided`.
 POLICIES = {
     "none": NoFreezing,
     "freezeout": FreezeOut,

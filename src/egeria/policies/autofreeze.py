@@ -6,10 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
-from ..partition import Partition
-from .base import StepInfo
+from .base import Binding, StepInfo
 
 __all__ = ["AutoFreeze"]
 
@@ -43,8 +41,9 @@ class AutoFreeze:
         if not 0 < self.percentile <= 100:
             raise ValueError(f"AutoFreeze percentile={self.percentile!r} must be in (0, 100]")
 
-    def bind(self, model: nn.Module, partition: Partition) -> None:
-        named = dict(model.named_parameters())
+    def bind(self, binding: Binding) -> None:
+        partition = binding.partition
+        named = dict(binding.model.named_parameters())
         self._sums = [torch.zeros((), dtype=torch.float64) for _ in partition.modules]
         for index, module in enumerate(partition.modules[: partition.freezable]):
             for name in module.params:

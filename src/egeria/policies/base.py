@@ -3,20 +3,23 @@
 A policy decides, at each step boundary, how many leading layer modules should be frozen;
 the engine applies that with the same mechanics for every policy (``requires_grad``,
 dropped gradients, eval-mode BatchNorm), so policies differ only in their timing.
-Egeria's own knowledge-guided rule is the built-in default (``policy="egeria"``); the
-policies in this package are the baselines it is measured against.
+Egeria's own knowledge-guided rule (:class:`~egeria.policies.KnowledgeGuided`, the
+default ``policy="egeria"``) is one policy among them; the others are the baselines it is
+measured against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, Union, runtime_checkable
 
+import torch
 from torch import nn
 
+from ..decision import Decision
 from ..partition import Partition
 
-__all__ = ["StepInfo", "FreezePolicy", "StatelessPolicy"]
+__all__ = ["StepInfo", "Binding", "Move", "FreezePolicy", "StatelessPolicy"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class StepInfo:
         frozen: how many leading modules are frozen now.
         freezable: how many leading modules may be frozen at most.
         lr: the largest learning rate among the optimizer's param groups.
+        loss: the step's training loss as given to ``Egeria.step`` (a detached scalar
+            tensor or a float), or None.
     """
 
     step: int
@@ -36,11 +41,54 @@ class StepInfo:
     frozen: int
     freezable: int
     lr: float
+    loss: torch.Tensor | float | None = None
 
     @property
     def progress(self) -> float | None:
         """Share of training done, in [0, 1], or None without ``total_steps``."""
         return None if not self.total_steps else min(1.0, self.step / self.total_steps)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a policy may use once the layer modules are known.
+
+    Attributes:
+        model: the training model (the module whose forward the user calls).
+        partition: its layer modules.
+        optimizer: the training optimizer (never changed by Egeria).
+        frozen: how many leading modules are frozen now (the engine owns the count).
+        step: optimizer steps taken so far (the engine owns the count).
+        own_pass: true while Egeria runs a forward pass of its own, which hooks ignore.
+        event: records an event that changes no frozen set (e.g. ``"guided"``).
+    """
+
+    model: nn.Module
+    partition: Partition
+    optimizer: Any
+    frozen: Callable[[], int]
+    step: Callable[[], int]
+    own_pass: Callable[[], bool]
+    event: Callable[[Decision], None]
+
+
+@dataclass(frozen=True)
+class Move:
+    """A policy's answer with its cause: freeze the first ``frozen`` modules.
+
+    Attributes:
+        frozen: how many leading modules should be frozen (fewer unfreezes all first).
+        reason: a short human-readable cause, kept in the event.
+        evaluated_at: the step of the reading that decided it, if earlier than now.
+    """
+
+    frozen: int
+    reason: str = ""
+    evaluated_at: int | None = None
+
+
+#: What :meth:`FreezePolicy.target` returns.
+Target = Union[int, Move, None]
 
 
 @runtime_checkable
@@ -50,11 +98,13 @@ class FreezePolicy(Protocol):
     #: Short name, used in logs and benchmark results.
     name: str
 
-    def bind(self, model: nn.Module, partition: Partition) -> None:
-        """Called once the layer modules are known (hooks may be installed here)."""
+    def bind(self, binding: Binding) -> None:
+        """Called at the first step boundary, once the layer modules are known (hooks may
+        be installed and helpers started here)."""
 
-    def target(self, info: StepInfo) -> int | None:
-        """How many leading modules should be frozen now; None keeps the current set."""
+    def target(self, info: StepInfo) -> Target:
+        """How many leading modules should be frozen now (an int or a :class:`Move`);
+        None keeps the current set."""
 
     def unbind(self) -> None:
         """Removes whatever :meth:`bind` installed."""
@@ -71,7 +121,7 @@ class StatelessPolicy:
 
     name = "stateless"
 
-    def bind(self, model: nn.Module, partition: Partition) -> None:
+    def bind(self, binding: Binding) -> None:
         return None
 
     def unbind(self) -> None:

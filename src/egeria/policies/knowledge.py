@@ -1,0 +1,293 @@
+"""Egeria's own policy: knowledge-guided freezing (paper sections 3 and 4.2).
+
+The training side of the rule, behind the same :class:`FreezePolicy` seam as the
+baselines. At every step boundary it
+
+1. records the loss while bootstrapping, and every n steps asks the
+   :class:`~egeria.bootstrap.BootstrapMonitor` whether the loss has settled;
+2. completes the evaluation captured in this step's forward pass (the batch went to the
+   controller as the forward started; the weights after the update go now);
+3. applies the controller's freeze decisions that are not too old;
+4. unfreezes everything when the unfreeze rule fires (a 10x learning-rate drop), halving W;
+5. arms the capture of the next evaluation step's forward pass.
+
+The controller (reference model and plasticity rule, :mod:`egeria.controller`) is
+started at the first step boundary, in the executor the config names.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..bootstrap import BootstrapMonitor
+from ..config import EgeriaConfig
+from ..decision import Decision
+from ..executors import Executor, make_executor
+from ..hooks import mark
+from ..link import ControllerLink
+from ..nested import map_tensors
+from ..partition import first_tensor
+from ..service import ControllerSpec
+from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
+from ..weights import ModuleKeys, cpu_snapshot
+from .base import Binding, Move, StepInfo
+
+__all__ = ["KnowledgeGuided", "derive_eval_interval"]
+
+logger = logging.getLogger(__name__)
+
+# The paper's guideline (4.2.2): n = total / (2 W) / modules / (1 + 0.5 + 0.25), the last
+# factor covering bootstrapping, smoothing delay and window halving.
+_GUIDELINE_FACTOR = 1.75
+
+#: Builds the executor the controller runs in from its spec (tests pass a fake one).
+ExecutorFactory = Callable[[ControllerSpec], Executor]
+
+
+def derive_eval_interval(total_steps: int, window: int, num_modules: int) -> int:
+    """n from the paper's guideline, at least 1 (the policy also applies ``min_eval_interval``)."""
+    return max(1, int(total_steps / (2 * window) / num_modules / _GUIDELINE_FACTOR))
+
+
+class KnowledgeGuided:
+    """Freezes the frontmost active module once its plasticity has become stationary.
+
+    Args:
+        config: Egeria's hyperparameters.
+        unfreeze_rule: replaces the default learning-rate-drop rule (cyclical schedules).
+        executor: builds the controller's executor from its spec; by default the one
+            ``config.executor`` names.
+    """
+
+    name = "egeria"
+
+    def __init__(
+        self,
+        config: EgeriaConfig | None = None,
+        *,
+        unfreeze_rule: UnfreezeRule | None = None,
+        executor: ExecutorFactory | None = None,
+    ) -> None:
+        self.config = config if config is not None else EgeriaConfig()
+        self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.config.unfreeze_lr_drop)
+        self._executor_factory = executor
+        self.stage = "bootstrap"
+        self.window = self.config.window
+        self.eval_interval: int | None = self.config.eval_interval
+        self.bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
+        self.lr_at_freeze: float | None = None
+        self.freeze_step: int | None = None
+        self.link: ControllerLink | None = None
+        self._binding: Binding | None = None
+        self._handles: list = []
+        self._warned_no_loss = False
+
+    @property
+    def requires_total_steps(self) -> bool:
+        """n is derived from the run's length unless ``eval_interval`` is set."""
+        return self.config.eval_interval is None
+
+    # -- FreezePolicy -----------------------------------------------------------------
+
+    def bind(self, binding: Binding) -> None:
+        self._binding = binding
+        model, partition = binding.model, binding.partition
+        self._handles = [mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))]
+        self._handles.append(mark(model.register_forward_hook(self._on_forward_end, always_call=True)))
+        if self.config.activation_mode == "train":
+            for index, module in enumerate(partition.modules[: partition.freezable]):
+                block = model.get_submodule(module.output_block)
+                self._handles.append(mark(block.register_forward_hook(self._on_block_output(index))))
+        spec = self._spec
+        factory = self._executor_factory or self._configured_executor
+        self.link = ControllerLink(
+            factory(spec()),
+            spec,
+            ModuleKeys(model, partition),
+            partition.freezable,
+            lambda: (binding.frozen(), self.window),  # what a replacement controller watches
+            hooked=self.config.activation_mode == "train",
+            max_in_flight=self.config.max_in_flight,
+            timeout=self.config.controller_timeout,
+        )
+
+    def target(self, info: StepInfo) -> Move | None:
+        assert self.link is not None and self._binding is not None, "bind() first"
+        n = self._interval(info)
+        move: Move | None = None
+        if self.stage == "bootstrap":
+            self._record_loss(info.loss)
+            if info.step % n == 0 and self.bootstrap.end_interval():
+                self.stage = "guided"
+                self._binding.event(Decision(info.step, "guided", (), "training loss settled"))
+        model = self._model
+        self.link.complete(self.stage == "guided", model.state_dict)
+        accepted = self.link.decisions(info.step, info.frozen, self.config.max_lag_intervals * n, self.window)
+        if accepted:
+            last = accepted[-1]
+            assert last.decision is not None
+            if info.frozen == 0:  # the unfreeze rule measures the learning-rate drop from here
+                self.lr_at_freeze, self.freeze_step = info.lr, info.step
+            for result in accepted:
+                self.link.froze(result.module)
+            move = Move(info.frozen + len(accepted), last.decision.reason, last.step)
+        frozen = move.frozen if move is not None else info.frozen
+        unfreeze = self._unfreeze(info, frozen)
+        move = unfreeze or move
+        self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
+        return move
+
+    def unbind(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.link is not None:
+            self.link.close()  # kept: its history and counts stay readable
+
+    # -- the steps of target() ----------------------------------------------------------
+
+    def planned_interval(self, total_steps: int | None, num_modules: int) -> int | None:
+        """n for a run of ``total_steps`` over ``num_modules`` layer modules: the config's,
+        else the guideline's with the ``min_eval_interval`` floor (None: not known yet)."""
+        if self.eval_interval is not None:
+            return self.eval_interval
+        if total_steps is None:
+            return None
+        return max(derive_eval_interval(total_steps, self.config.window, num_modules), self.config.min_eval_interval)
+
+    def _interval(self, info: StepInfo) -> int:
+        if self.eval_interval is None:
+            assert self._binding is not None
+            modules = len(self._binding.partition)
+            self.eval_interval = self.planned_interval(info.total_steps, modules)
+            assert self.eval_interval is not None
+            if self.eval_interval > derive_eval_interval(info.total_steps or 0, self.config.window, modules):
+                logger.info(
+                    "the guideline gives a shorter n for %s steps; using min_eval_interval=%d, so fewer "
+                    "modules may be evaluated for freezing in this run",
+                    info.total_steps, self.config.min_eval_interval,
+                )
+        return self.eval_interval
+
+    def _record_loss(self, loss: torch.Tensor | float | None) -> None:
+        if loss is None:
+            if not self._warned_no_loss:
+                logger.warning("Egeria.step() got no loss; bootstrapping cannot end without losses")
+                self._warned_no_loss = True
+            return
+        self.bootstrap.record(loss)
+
+    def _unfreeze(self, info: StepInfo, frozen: int) -> Move | None:
+        if frozen == 0 or self.lr_at_freeze is None:
+            return None
+        assert self._binding is not None
+        names = tuple(self._binding.partition.names[:frozen])
+        ctx = UnfreezeContext(info.step, info.lr, self.lr_at_freeze, self.freeze_step, names)
+        if not self.unfreeze_rule(ctx):
+            return None
+        self.window = max(self.config.min_window, self.window // 2)
+        self.lr_at_freeze = self.freeze_step = None
+        assert self.link is not None
+        self.link.restart(0, self.window)
+        return Move(0, f"learning rate {ctx.lr:.3g} (was {ctx.lr_at_freeze:.3g})")
+
+    def _arm(self, step: int, frozen: int, freezable: int) -> None:
+        """Capture the next step's batch when that step evaluates plasticity (or ends a
+        bootstrap interval) and a module is left to watch."""
+        assert self.link is not None and self.eval_interval is not None
+        due = (step + 1) % self.eval_interval == 0 and frozen < freezable
+        self.link.arm(step + 1 if due else None)
+
+    # -- hooks: they record, the step boundary acts ---------------------------------------
+
+    def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        binding, link = self._binding, self.link
+        if link is None or binding is None or binding.own_pass() or not module.training:
+            return
+        link.begin(
+            binding.step() + 1,
+            binding.frozen(),
+            lambda: map_tensors((args, kwargs), _cpu_copy),  # the loop may reuse its input buffers
+            self.stage == "guided",
+            self._model.state_dict,
+        )
+
+    def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self.link is not None:
+            self.link.forward_ended()
+
+    def _on_block_output(self, index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if self.link is not None and self.link.wants_activation(index):
+                tensor = first_tensor(output)
+                if tensor is not None:
+                    self.link.capture(_cpu_copy(tensor))
+
+        return hook
+
+    # -- the controller ---------------------------------------------------------------
+
+    @property
+    def _model(self) -> nn.Module:
+        assert self._binding is not None
+        return self._binding.model
+
+    def _spec(self) -> ControllerSpec:
+        """What the controller is built from: a CPU snapshot of the model as it is now."""
+        assert self._binding is not None
+        cfg = self.config
+        return ControllerSpec(
+            self._binding.partition,
+            cpu_snapshot(self._binding.model),
+            cfg.reference_precision,
+            self.window,
+            cfg.tolerance_ratio,
+            cfg.reference_refresh,
+            cfg.reference_threads,
+            cfg.cpu_threshold,
+        )
+
+    def _configured_executor(self, spec: ControllerSpec) -> Executor:
+        cfg = self.config
+        return make_executor(
+            cfg.executor,
+            lambda: spec,
+            max_in_flight=cfg.max_in_flight,
+            timeout=cfg.controller_timeout,
+            start_method=cfg.start_method,
+        )
+
+    # -- checkpointing -----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The rule's state, with the controller's (it waits for answers already sent)."""
+        assert self._binding is not None and self.link is not None
+        return {
+            "stage": self.stage,
+            "window": self.window,
+            "eval_interval": self.eval_interval,
+            "bootstrap": self.bootstrap.state_dict(),
+            "lr_at_freeze": self.lr_at_freeze,
+            "freeze_step": self.freeze_step,
+            "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        assert self._binding is not None and self.link is not None
+        self.stage = state["stage"]
+        self.window = int(state["window"])
+        self.eval_interval = self.config.eval_interval or state["eval_interval"]
+        self.bootstrap = BootstrapMonitor.from_state(state["bootstrap"])
+        self.lr_at_freeze = state["lr_at_freeze"]
+        self.freeze_step = state["freeze_step"]
+        self.link.load_state_dict(state["link"], self._model.state_dict(), self._binding.frozen())
+        if self.eval_interval is not None:
+            self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
+
+
+def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
