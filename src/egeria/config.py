@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence, Union
 
+from .checks import check_int
+
 __all__ = ["EgeriaConfig", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS"]
 
 #: Precisions the reference model can run in.
@@ -185,9 +187,7 @@ def _finite_number(value: object) -> bool:
 
 
 def _check_positive_int(cfg: EgeriaConfig, name: str) -> None:
-    value = getattr(cfg, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"EgeriaConfig.{name}={value!r} must be a positive integer")
+    check_int(getattr(cfg, name), f"EgeriaConfig.{name}")
 
 
 def _check_optional_positive_int(cfg: EgeriaConfig, name: str) -> None:

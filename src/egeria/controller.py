@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from .decision import Decision
-from .partition import Partition, first_tensor
+from .nested import first_tensor
+from .partition import Partition
 from .plasticity import ModuleWatch
 from .protocol import Readout, Request, Result
 from .reference import ReferenceModel

@@ -17,10 +17,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-import torch
 from torch import nn
 
 from .hooks import mark
+from .nested import first_tensor
 
 __all__ = [
     "LayerModule",
@@ -469,17 +469,3 @@ def _check_coverage(model: nn.Module, partition: Partition) -> None:
     missing = [n for n, _ in model.named_parameters() if n not in seen]
     if missing:
         raise AssertionError(f"parameters in no layer module: {missing[:5]}")
-
-
-def first_tensor(output: object) -> torch.Tensor | None:
-    """The activation of a block: its output tensor, or the first tensor it returns."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, dict):
-        output = list(output.values())
-    if isinstance(output, (tuple, list)):
-        for item in output:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None

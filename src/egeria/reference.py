@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from .nested import map_tensors
-from .partition import Partition, first_tensor
+from .nested import first_tensor
+from .partition import Partition
 from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
 from .threads import limited_threads

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..checks import check_int
 from ..modes import OwnPasses
 from ..partition import Partition
 from .datasets import Keyed, random_reason
@@ -46,8 +47,7 @@ def attach_loader(
             with another number of samples.
     """
     for name, value in (("memory_limit", memory_limit), ("disk_limit", disk_limit), ("prefetch", prefetch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"cache_loader({name}={value!r}): must be an integer >= 0")
+        check_int(value, f"cache_loader {name}", minimum=0)
     if serve not in ("auto", "always"):
         raise ValueError(f"cache_loader(serve={serve!r}): use 'auto' or 'always'")
     if storage_dtype not in (None, torch.bfloat16, torch.float16):

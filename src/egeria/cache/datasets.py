@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import Dataset
 
+from ..checks import check_int
 from ..nested import map_tensors
 
 __all__ = ["Augmented", "Keyed", "random_reason"]
@@ -36,8 +37,7 @@ class Augmented(Dataset):
     """
 
     def __init__(self, dataset: Dataset, transform: Callable[[Any, torch.Generator], Any], *, variants: int = 4, seed: int = 0) -> None:
-        if not isinstance(variants, int) or isinstance(variants, bool) or variants < 1:
-            raise ValueError(f"variants={variants!r} must be a positive integer")
+        check_int(variants, "variants")
         self.dataset = dataset
         self.transform = transform
         self.variants = variants

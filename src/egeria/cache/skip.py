@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..nested import map_tensors
+from ..nested import leaves, map_leaves, map_tensors
 
 __all__ = ["template_of", "Spec", "spec_of", "install_stubs", "remove_stubs", "stubbed", "leaves", "rebuild", "same_outputs"]
 
@@ -56,28 +56,10 @@ def spec_of(output: Any, batch: int) -> Spec:
     return Spec(output, batch)
 
 
-def leaves(value: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    map_tensors(value, lambda t: found.append(t) or t)
-    return found
-
-
 def rebuild(template: Any, tensors: Sequence[torch.Tensor]) -> Any:
     """``template`` (from :func:`template_of`) with its tensor slots filled in order."""
     it = iter(tensors)
-
-    def fill(value: Any) -> Any:
-        if value is _SLOT:
-            return next(it)
-        if isinstance(value, tuple):
-            return tuple(fill(v) for v in value)
-        if isinstance(value, list):
-            return [fill(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
-        return value
-
-    return fill(template)
+    return map_leaves(template, lambda v: v is _SLOT, lambda slot: next(it))
 
 
 def install_stubs(model: nn.Module, blocks: Sequence[str], boundary: str, output: Any, specs: dict[str, Spec], batch: int) -> list[nn.Module]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import check_int
 from .base import Binding, StepInfo
 
 __all__ = ["AutoFreeze"]
@@ -36,8 +37,7 @@ class AutoFreeze:
     _handles: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.interval, int) or self.interval < 1:
-            raise ValueError(f"AutoFreeze interval={self.interval!r} must be a positive integer")
+        check_int(self.interval, "AutoFreeze interval")
         if not 0 < self.percentile <= 100:
             raise ValueError(f"AutoFreeze percentile={self.percentile!r} must be in (0, 100]")
 

@@ -30,7 +30,7 @@ from ..executors import Executor, make_executor
 from ..hooks import mark
 from ..link import ControllerLink
 from ..nested import map_tensors
-from ..partition import first_tensor
+from ..nested import first_tensor
 from ..service import ControllerSpec
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
 from ..weights import ModuleKeys, cpu_snapshot
