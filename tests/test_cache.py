@@ -155,14 +155,16 @@ def test_blocks_with_masks_and_tuple_outputs_are_skipped_too():
 
 def test_a_corrupt_or_truncated_cache_file_is_detected_and_the_batch_recomputed(tmp_path, caplog):
     def damage(eg, step):
-        level = next(iter(eg._cache.levels.values()), None)
-        if level is None or not level.tables:
+        level = next(iter(eg.cache_stats["levels"].values()), None)
+        if level is None or not level["files"]:
             return
-        table = level.tables[0]
+        path, stride = level["files"][0]
         if step == 14:  # flip bytes in the middle of the file
-            os.pwrite(table.fd, b"\xff" * 64, table.stride * 5 + 10)
+            with open(path, "r+b") as f:
+                f.seek(stride * 5 + 10)
+                f.write(b"\xff" * 64)
         if step == 26:
-            os.ftruncate(table.fd, table.stride * 40)
+            os.truncate(path, stride * 40)
 
     plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
     with caplog.at_level(logging.WARNING, logger="egeria"):
@@ -193,10 +195,8 @@ def test_limits_hold_and_a_cache_over_both_limits_is_not_built(tmp_path):
     seen = []
 
     def watch(eg, step):
-        for level in eg._cache.levels.values():
-            for table in level.tables or []:
-                if table.kind == "disk":
-                    seen.append(os.fstat(table.fd).st_size)
+        for level in eg.cache_stats["levels"].values():
+            seen.extend(os.path.getsize(path) for path, _ in level["files"])
 
     row = 4 * 12 * 12 * 4  # the first module's output per sample: 4 channels of 12x12 fp32
     limit = 96 * row

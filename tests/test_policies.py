@@ -14,12 +14,11 @@ def info(step, total=100, frozen=0, freezable=4):
 
 def test_freezeout_stop_times_follow_the_formula():
     policy = FreezeOut(t0=0.8, scaling="cubic")
-    assert policy.stop_times(4) == pytest.approx([(0.8 + 0.2 * i / 4) ** 3 for i in range(4)])
+    # t_i = (0.8 + 0.2 i / 4)^3: 0.512, 0.614125, 0.729, 0.857375
+    assert policy.stop_times(4) == pytest.approx([0.512, 0.614125, 0.729, 0.857375])
     assert FreezeOut(t0=0.5, scaling="linear").stop_times(2) == pytest.approx([0.5, 0.75])
-    # 0.8^3 = 0.512: nothing frozen at 51% of training, the first module at 52%.
-    assert policy.target(info(51)) == 0
-    assert policy.target(info(52)) == 1
-    assert policy.target(info(100)) == 4 - sum(1 for t in policy.stop_times(4) if t > 1.0)
+    steps = (51, 52, 61, 62, 72, 73, 85, 86, 100)
+    assert [policy.target(info(s)) for s in steps] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_linear_schedule_freezes_at_a_constant_pace_after_start():
@@ -40,12 +39,14 @@ def test_static_and_none():
 
 def test_autofreeze_freezes_the_front_run_at_or_below_the_median_change():
     policy = AutoFreeze(interval=10, percentile=50)
-    policy._sums = [torch.tensor(v, dtype=torch.float64) for v in (1.0, 1.0, 1.0, 1.0, 1.0)]
-    assert policy.target(info(10)) is None  # the first interval only records norms
-    # Relative changes of the norms: 0.01, 0.02, 0.5, 0.03 -> median 0.025.
-    new = (1.01, 1.02, 1.5, 1.03, 7.0)
-    policy._sums = [torch.tensor(v * v, dtype=torch.float64) for v in new]
-    assert policy.target(info(20)) == 2
+    previous = [1.0, 1.0, 1.0, 1.0, 1.0]
+    # Relative changes of the 4 freezable modules' norms: 0.01, 0.02, 0.5, 0.03 -> median 0.025;
+    # the front run at or below it is modules 0 and 1.
+    assert policy.front_run(previous, [1.01, 1.02, 1.5, 1.03, 7.0], frozen=0, freezable=4) == 2
+    assert policy.front_run(previous, [1.01, 1.5, 1.02, 1.03, 7.0], frozen=0, freezable=4) == 1
+    assert policy.front_run(previous, [1.5, 1.01, 1.02, 1.03, 7.0], frozen=0, freezable=4) == 0
+    # Already frozen modules are not compared: changes 0.5, 0.03 -> median 0.265.
+    assert policy.front_run(previous, [1.01, 1.02, 1.5, 1.03, 7.0], frozen=2, freezable=4) == 2
     assert policy.target(info(25)) is None  # not an interval boundary
 
 

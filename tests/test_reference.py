@@ -10,17 +10,16 @@ from egeria.reference import ReferenceModel
 
 def reference_for(model, example, precision):
     model.eval()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10, executor="inline"), example_inputs=example)
-    ref = ReferenceModel(model, eg.partition, precision)
-    last = len(eg.partition) - 2
+    partition = egeria.partition_model(model, example)
+    ref = ReferenceModel(model, partition, precision)
+    last = len(partition) - 2
     batch = (example, {})
     ref.refresh(model.state_dict(), 0, last, batch)
-    return eg, ref, last
+    return partition, ref, last
 
 
-def training_activation(model, eg, example, index):
-    block = model.get_submodule(eg.partition.modules[index].output_block)
+def training_activation(model, partition, example, index):
+    block = model.get_submodule(partition.modules[index].output_block)
     seen = []
     handle = block.register_forward_hook(lambda m, a, out: seen.append(out))
     with torch.no_grad():
@@ -32,12 +31,12 @@ def training_activation(model, eg, example, index):
 def test_int8_reference_of_a_cnn_is_static_int8_and_close_to_fp32():
     model = resnet(depth=20, in_channels=1)
     example = (torch.randn(32, 1, 28, 28),)
-    eg, ref, last = reference_for(model, example, "int8")
-    blocks = [b for m in eg.partition.modules[: last + 1] for b in m.blocks if b.startswith("layer")]
+    partition, ref, last = reference_for(model, example, "int8")
+    blocks = [b for m in partition.modules[: last + 1] for b in m.blocks if b.startswith("layer")]
     assert all(ref.kinds[b] == "int8-static" for b in blocks)
     for index in (0, last):
         act = ref.activation((example, {}), index)
-        expected = training_activation(model, eg, example, index)
+        expected = training_activation(model, partition, example, index)
         assert act.shape == expected.shape
         assert egeria.sp_loss(act, expected).item() < 1e-4
         assert not torch.equal(act, expected)  # really computed in int8
@@ -46,10 +45,10 @@ def test_int8_reference_of_a_cnn_is_static_int8_and_close_to_fp32():
 def test_int8_reference_of_a_transformer_uses_dynamic_int8_linears():
     model = TransformerLM(vocab_size=100, d_model=32, n_heads=2, n_layers=4, d_ff=64, max_len=16, dropout=0.0)
     example = (torch.randint(0, 100, (8, 16)),)
-    eg, ref, last = reference_for(model, example, "int8")
+    partition, ref, last = reference_for(model, example, "int8")
     assert ref.kinds["layers.0"] == "int8-dynamic"
     act = ref.activation((example, {}), last)
-    expected = training_activation(model, eg, example, last)
+    expected = training_activation(model, partition, example, last)
     assert egeria.sp_loss(act, expected).item() < 1e-3
 
 
@@ -57,9 +56,9 @@ def test_int8_reference_of_a_transformer_uses_dynamic_int8_linears():
 def test_other_precisions(precision):
     model = resnet(depth=8, in_channels=1, width=8)
     example = (torch.randn(8, 1, 16, 16),)
-    eg, ref, last = reference_for(model, example, precision)
+    partition, ref, last = reference_for(model, example, precision)
     act = ref.activation((example, {}), last)
-    expected = training_activation(model, eg, example, last)
+    expected = training_activation(model, partition, example, last)
     if precision == "fp32":
         torch.testing.assert_close(act, expected)
     else:
@@ -69,12 +68,17 @@ def test_other_precisions(precision):
 def test_reference_stops_at_the_watched_module():
     model = resnet(depth=8, in_channels=1, width=8)
     example = (torch.randn(4, 1, 16, 16),)
-    eg, ref, last = reference_for(model, example, "fp32")
     ran = []
-    head = ref._float.get_submodule(eg.partition.modules[-1].blocks[-1])
-    head.register_forward_pre_hook(lambda m, a: ran.append(True))
+    modules = egeria.partition_model(model, example).modules
+    # Users' own hooks, which the reference's copy of the model keeps (Egeria's are dropped).
+    for name in (modules[-1].blocks[-1], modules[-2].output_block):
+        model.get_submodule(name).register_forward_pre_hook(lambda m, a, name=name: ran.append(name))
+    partition, ref, last = reference_for(model, example, "fp32")
+    ran.clear()
     ref.activation((example, {}), 0)
     assert ran == []
+    ref.activation((example, {}), last)
+    assert ran == [modules[-2].output_block]  # the head never runs
 
 
 def test_reference_does_not_touch_the_training_model():
@@ -114,8 +118,8 @@ def test_block_that_cannot_be_quantized_falls_back_to_fp32_and_says_why(caplog):
     model = TwoBlocks()
     example = (torch.randn(4, 1, 8, 8),)
     with caplog.at_level("INFO", logger="egeria"):
-        eg, ref, last = reference_for(model, example, "int8")
+        partition, ref, last = reference_for(model, example, "int8")
     assert ref.kinds["front"] == "fp32"
     assert "front runs in fp32: static quantization failed" in caplog.text
-    expected = training_activation(model, eg, example, 0)
+    expected = training_activation(model, partition, example, 0)
     torch.testing.assert_close(ref.activation((example, {}), 0), expected)

@@ -414,7 +414,7 @@ class ActivationCache:
         self._drop(lambda level: True)
 
     def summary(self) -> dict:
-        """Counts, prefetch hit rate, and each level's tier, bytes and choice."""
+        """Counts, prefetch hit rate, and each level's tier, bytes, files and choice."""
         served = self.stats["prefetch_hits"] + self.stats["prefetch_misses"]
         return {
             **self.stats,
@@ -425,6 +425,8 @@ class ActivationCache:
                     "frozen": lv.frozen,
                     "tier": None if not lv.tables else lv.tables[0].kind,
                     "bytes": lv.nbytes,
+                    # disk tables: (file, bytes per row) of each output tensor
+                    "files": [(t.path, t.stride) for t in lv.tables or [] if t.kind == "disk"],
                     "complete": lv.complete,
                     "serving": lv.serving,
                     "off": lv.off,

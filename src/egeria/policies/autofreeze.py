@@ -72,12 +72,17 @@ class AutoFreeze:
         previous, self.previous = self.previous, norms
         if previous is None:
             return None
-        active = range(info.frozen, info.freezable)
+        return self.front_run(previous, norms, info.frozen, info.freezable)
+
+    def front_run(self, previous: list[float], norms: list[float], frozen: int, freezable: int) -> int | None:
+        """The rule on one interval's per-module gradient norms against the previous
+        interval's: how many leading modules should be frozen (None: no change known)."""
+        active = range(frozen, freezable)
         changes = {i: abs(norms[i] - previous[i]) / previous[i] for i in active if previous[i] > 0}
         if not changes:
             return None
         threshold = _percentile(sorted(changes.values()), self.percentile)
-        target = info.frozen
+        target = frozen
         for i in active:
             if i not in changes or changes[i] > threshold:
                 break
