@@ -50,7 +50,8 @@ class StepResult:
     epoch: int
     # The step's training loss.
     loss: float
-    # Seconds of the step: forward, backward, optimizer, scheduler, ``egeria.step``.
+    # Seconds of the step: forward, backward, optimizer, scheduler, ``egeria.step`` (and
+    # the FLOP counting on the steps that count).
     time_s: float
     # Seconds spent waiting for the batch before the step (the loader's time).
     data_s: float
