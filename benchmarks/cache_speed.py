@@ -27,17 +27,16 @@ import json
 import logging
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore", module=r"torch\.ao(\..*)?")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
+from egeria.harness import classification_loss, train  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 
@@ -52,7 +51,7 @@ def resnet_setup(samples: int):
         model = resnet(depth=20, in_channels=1, num_classes=10)
         return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    return data, 128, build, lambda m, b: F.cross_entropy(m(b[0]), b[1])
+    return data, 128, build, classification_loss
 
 
 def lm_setup(samples: int):
@@ -75,22 +74,9 @@ def timed_run(setup, k: int, cache: bool, epochs: int) -> dict:
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(1))
     if cache:
         loader = eg.cache_loader(loader)
-    times: list[float] = []
-    model.train()
-    for epoch in range(epochs):
-        started = time.perf_counter()
-        for b in loader:
-            loss = loss_fn(model, b)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            eg.step(loss)
-            if epoch == epochs - 1:  # epochs 0 and 1 record (the freeze comes after step 1)
-                now = time.perf_counter()
-                times.append(now - started)
-                started = now
-            else:
-                started = time.perf_counter()
+    steps = train(model, opt, lambda: loader, loss_fn, epochs=epochs, egeria=eg)
+    # Epochs 1 and 2 record (the freeze comes after step 1); the last is timed, loading included.
+    times = [r.data_s + r.time_s for r in steps if r.epoch == epochs]
     stats = eg.cache_stats
     frozen = list(eg.frozen)
     eg.close()
@@ -110,14 +96,7 @@ def precision_run(storage, epochs: int, samples: int) -> dict:
         torch.utils.data.DataLoader(data, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(1)),
         storage_dtype=storage,
     )
-    model.train()
-    for _ in range(epochs):
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            eg.step(loss)
+    train(model, opt, lambda: loader, classification_loss, epochs=epochs, egeria=eg)
     stats = eg.cache_stats
     eg.close()
     model.eval()
@@ -146,12 +125,9 @@ def main() -> None:
     for name, (make, samples) in sizes.items():
         setup = make(samples)
         model, _ = setup[2]()
-        eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), config=egeria.EgeriaConfig(policy="none"))
         x = setup[0][0][0]
-        model(x.unsqueeze(0) if x.dim() in (1, 3) else x)
-        freezable = eg.partition.freezable
-        names = eg.partition.names
-        eg.close()
+        partition = egeria.partition_model(model, (x.unsqueeze(0) if x.dim() in (1, 3) else x,))
+        freezable, names = partition.freezable, partition.names
         ks = [1, 2] if args.quick else list(range(1, freezable + 1))
         rows = []
         print(f"\n{name}: {samples} samples, modules {names}")

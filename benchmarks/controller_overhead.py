@@ -5,7 +5,8 @@ to 1.5%).
 For ResNet-20 on Fashion-MNIST (batch 128, SGD) and the 6-block Transformer LM on Penn
 Treebank (batch 32, AdamW) it trains the same model from the same seed for ``--steps``
 steps under each configuration, in rounds (plain, then each Egeria configuration, then
-again), and compares training wall time. Egeria runs with ``executor="process"``,
+again), and compares training wall time (the steps after ten warm-up ones, as
+``egeria.harness.train`` times them). Egeria runs with ``executor="process"``,
 bootstrapping over at the first interval, and a window W of a million readings, so every
 n-th step is a full plasticity evaluation (request, readout with the weights, reference
 forward, eval-mode front forward, SP loss, int8 refresh) and nothing ever freezes. The
@@ -27,17 +28,16 @@ import argparse
 import json
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore", module=r"torch\.ao(\..*)?")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
+from egeria.harness import classification_loss, train  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 
@@ -55,7 +55,7 @@ def resnet_task(steps: int):
         model = resnet(depth=20, in_channels=1, num_classes=10)
         return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
 
-    return build, batches, lambda model, b: F.cross_entropy(model(b[0]), b[1])
+    return build, batches, classification_loss
 
 
 def lm_task(steps: int):
@@ -76,18 +76,8 @@ def run_once(task, config: egeria.EgeriaConfig | None) -> dict:
     build, batches, loss_fn = task
     model, opt = build()
     eg = None if config is None else egeria.Egeria(model, opt, config=config)
-    model.train()
-    started = None
-    for i, batch in enumerate(batches):
-        if i == WARMUP:
-            started = time.perf_counter()
-        loss = loss_fn(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if eg is not None:
-            eg.step(loss)
-    wall = time.perf_counter() - started
+    steps = train(model, opt, lambda: batches, loss_fn, egeria=eg)
+    wall = sum(r.time_s for r in steps[WARMUP:])
     stats = {} if eg is None else eg.controller_stats
     if eg is not None:
         assert eg.frozen == [], "nothing may freeze in this benchmark"

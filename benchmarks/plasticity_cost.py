@@ -8,7 +8,7 @@ loaded with the step's weights), up to the watched module's output block, in eva
 under ``torch.no_grad()`` (``run_until``), so a whole reading is front forward + reference
 forward + SP loss + refresh. (When this script was written that front forward ran in the
 training process on its threads; the timing here is of the same computation.) This script times these with the library's own pieces (``run_until``,
-``ReferenceModel``, ``sp_loss``, the partition ``Egeria`` builds) for the int8, bf16 and
+``ReferenceModel``, ``sp_loss``, the partition ``egeria.partition_model`` finds) for the int8, bf16 and
 fp32 references, side by side in one run, and sets them against one full training step
 (forward, backward, optimizer step on 2 threads), for two models:
 
@@ -54,11 +54,11 @@ warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization.*")
 warnings.filterwarnings("ignore", module=r"torch\.ao(\..*)?")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
+from egeria.harness import LossFn, classification_loss, forward_backward  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 from egeria.partition import Partition, first_tensor  # noqa: E402
@@ -126,26 +126,24 @@ class Workload:
         name: str,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss: LossFn,
         batches: list[tuple[torch.Tensor, torch.Tensor]],
         description: str,
     ) -> None:
         self.name = name
         self.model = model
         self.optimizer = optimizer
-        self.loss_fn = loss_fn
+        self.loss = loss
         self.batches = batches
         self.description = description
         self._next = 0
 
     def train_step(self) -> None:
-        x, y = self.batches[self._next % len(self.batches)]
+        batch = self.batches[self._next % len(self.batches)]
         self._next += 1
         self.model.train()
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
+        forward_backward(self.model, self.optimizer, batch, self.loss)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 def resnet_workload(batch_size: int, num_batches: int) -> Workload:
@@ -159,7 +157,7 @@ def resnet_workload(batch_size: int, num_batches: int) -> Workload:
     model = resnet(depth=20, in_channels=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     return Workload(
-        "resnet20-fmnist", model, opt, F.cross_entropy, batches,
+        "resnet20-fmnist", model, opt, classification_loss, batches,
         f"ResNet-20, Fashion-MNIST 1x28x28, batch {batch_size}, SGD momentum 0.9",
     )
 
@@ -176,7 +174,7 @@ def lm_workload(batch_size: int, num_batches: int, seq_len: int = 35) -> Workloa
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
     return Workload(
-        "transformer-lm-ptb", model, opt, next_token_loss, batches,
+        "transformer-lm-ptb", model, opt, lambda m, b: next_token_loss(m(b[0]), b[1]), batches,
         f"TransformerLM d_model 128, 6 layers, vocab {corpus.vocab_size}, PTB windows of {seq_len}, "
         f"batch {batch_size}, AdamW",
     )
@@ -184,13 +182,7 @@ def lm_workload(batch_size: int, num_batches: int, seq_len: int = 35) -> Workloa
 
 def partition_of(work: Workload) -> Partition:
     """The layer modules Egeria finds for the model (its own tracing and grouping)."""
-    eg = egeria.Egeria(
-        work.model, work.optimizer, config=egeria.EgeriaConfig(eval_interval=1000),
-        example_inputs=(work.batches[0][0],),
-    )
-    partition = eg.partition
-    eg.close()
-    return partition
+    return egeria.partition_model(work.model, (work.batches[0][0],))
 
 
 @torch.no_grad()

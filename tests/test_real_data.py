@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import egeria
 from egeria.data import load_fashion_mnist
+from egeria.harness import classification_loss, train
 from egeria.models import resnet
+from needs_data import needs_fmnist
+
+pytestmark = needs_fmnist
 
 EPOCHS = 5
 
@@ -22,16 +25,7 @@ def run(train_ds, test_ds, use_egeria: bool):
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(0.8 * EPOCHS * len(loader))], 0.1)
     config = egeria.EgeriaConfig(eval_interval=3, window=5, executor="inline")
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched) if use_egeria else None
-    for _ in range(EPOCHS):
-        model.train()
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            if eg is not None:
-                eg.step(loss)
+    train(model, opt, lambda: loader, classification_loss, epochs=EPOCHS, scheduler=sched, egeria=eg)
     model.eval()
     with torch.no_grad():
         x, y = test_ds.tensors

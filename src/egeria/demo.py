@@ -18,16 +18,16 @@ import json
 import logging
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import torch
 from torch import nn
 
 from .config import EgeriaConfig
 from .engine import Egeria
+from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
 
 __all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "demo_eval_interval", "format_report"]
@@ -116,16 +116,16 @@ def run_demo(
     from .data import load_fashion_mnist
 
     data_kw = {} if data_root is None else {"root": data_root}
-    train = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
+    train_data = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
     test = load_fashion_mnist(split="test", limit=s.test_limit, **data_kw).tensors
-    steps_per_epoch = math.ceil(len(train[1]) / s.batch_size)
+    steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
     total_steps = steps_per_epoch * s.epochs
     drop_epoch = min(max(1, round(s.lr_drop_at * s.epochs)), max(1, s.epochs - 1))
     milestone = drop_epoch * steps_per_epoch
     config = EgeriaConfig(eval_interval=demo_eval_interval(total_steps), window=s.window)
     _echo(
         stream,
-        f"ResNet-20 on {len(train[1])} Fashion-MNIST training images ({steps_per_epoch} steps/epoch x "
+        f"ResNet-20 on {len(train_data[1])} Fashion-MNIST training images ({steps_per_epoch} steps/epoch x "
         f"{s.epochs} epochs = {total_steps} steps, batch {s.batch_size}), accuracy on {len(test[1])} test images; "
         f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at step {milestone} (epoch {drop_epoch}); "
         f"Egeria eval_interval={config.eval_interval} window={config.window}",
@@ -139,7 +139,7 @@ def run_demo(
     extras: dict[str, Any] = {}
     for name in ("plain", "egeria"):
         runs[name], extra = _train(
-            name, initial, train, test, s, seed, milestone, config if name == "egeria" else None, total_steps, progress
+            name, initial, train_data, test, s, seed, milestone, config if name == "egeria" else None, total_steps, progress
         )
         extras[name] = extra
 
@@ -171,7 +171,7 @@ def run_demo(
 def _train(
     name: str,
     initial: dict[str, torch.Tensor],
-    train: tuple[torch.Tensor, torch.Tensor],
+    train_data: tuple[torch.Tensor, torch.Tensor],
     test: tuple[torch.Tensor, torch.Tensor],
     s: DemoSettings,
     seed: int,
@@ -192,45 +192,43 @@ def _train(
     eg = None
     if config is not None:
         eg = Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=total_steps)
-    loss_fn = nn.CrossEntropyLoss()
     order = torch.Generator().manual_seed(seed)
-    x_all, y_all = train
-    losses: list[float] = []
-    step_times: list[float] = []
+    x_all, y_all = train_data
     epochs: list[dict] = []
-    train_time = 0.0
-    step = 0
     bar = tqdm(total=total_steps, desc=f"{name:>6}", unit="step", disable=not progress, leave=True)
+
+    def epoch_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        perm = torch.randperm(len(y_all), generator=order)
+        for start in range(0, len(perm), s.batch_size):
+            idx = perm[start : start + s.batch_size]
+            yield x_all[idx], y_all[idx]
+
+    def show(result: StepResult) -> None:
+        bar.update(1)
+        if eg is not None:
+            bar.set_postfix(loss=f"{result.loss:.3f}", frozen=len(eg.frozen), stage=eg.stage, refresh=False)
+        else:
+            bar.set_postfix(loss=f"{result.loss:.3f}", refresh=False)
+
+    def evaluate(result: StepResult) -> None:
+        accuracy = _accuracy(model, test)
+        epochs.append(
+            {"epoch": result.epoch, "step": result.step, "train_time_s": result.train_time_s, "test_accuracy": accuracy}
+        )
+        logger.info(
+            "%s epoch %d: %.4f test accuracy after %.1f s of training", name, result.epoch, accuracy, result.train_time_s
+        )
+
     try:
-        for epoch in range(1, s.epochs + 1):
-            model.train()
-            perm = torch.randperm(len(y_all), generator=order)
-            for start in range(0, len(perm), s.batch_size):
-                idx = perm[start : start + s.batch_size]
-                x, y = x_all[idx], y_all[idx]
-                t0 = time.perf_counter()
-                loss = loss_fn(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                if eg is not None:
-                    eg.step(loss)
-                dt = time.perf_counter() - t0
-                train_time += dt
-                step += 1
-                losses.append(loss.detach().item())
-                step_times.append(dt)
-                bar.update(1)
-                if eg is not None:
-                    bar.set_postfix(loss=f"{losses[-1]:.3f}", frozen=len(eg.frozen), stage=eg.stage, refresh=False)
-                else:
-                    bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-            accuracy = _accuracy(model, test)
-            epochs.append({"epoch": epoch, "step": step, "train_time_s": train_time, "test_accuracy": accuracy})
-            logger.info("%s epoch %d: %.4f test accuracy after %.1f s of training", name, epoch, accuracy, train_time)
+        steps = train(
+            model, optimizer, epoch_batches, classification_loss, epochs=s.epochs, scheduler=scheduler, egeria=eg,
+            on_step=show, evaluate=evaluate,
+        )
     finally:
         bar.close()
+    train_time = steps[-1].train_time_s
+    losses = [r.loss for r in steps]
+    step_times = [r.time_s for r in steps]
     record = {
         "epochs": epochs,
         "train_time_s": train_time,
@@ -254,13 +252,12 @@ def _train(
 
 @torch.no_grad()
 def _accuracy(model: nn.Module, test: tuple[torch.Tensor, torch.Tensor], batch: int = 500) -> float:
-    model.eval()
+    """Share of ``test`` classified right (the model is in eval mode)."""
     x_all, y_all = test
     correct = 0
     for start in range(0, len(y_all), batch):
         logits = model(x_all[start : start + batch])
         correct += int((logits.argmax(dim=1) == y_all[start : start + batch]).sum())
-    model.train()
     return correct / len(y_all)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,9 +19,9 @@ import torch
 
 from ..config import EgeriaConfig
 from ..engine import Egeria
+from ..harness import StepResult, train
 from ..machine import describe_machine
-from .flops import count_flops
-from .tasks import build_task
+from .tasks import Task, build_task
 
 __all__ = ["run_bench", "POLICY_NAMES", "FORMAT"]
 
@@ -103,45 +102,26 @@ def run_bench(
         "eval_limit": eval_limit,
     }
     records: list[dict] = []
-    wall = 0.0
-    step = 0
-    flops_now: float | None = None
-    measured_for: tuple[str, ...] | None = None
-    total_flops = 0.0
     losses: list[float] = []
     bar = _progress(total_steps, f"{task_name}/{policy}", progress)
-    task.model.train()
-    for _epoch in range(epochs):
-        for batch in task.batches():
-            frozen_now = tuple(eg.frozen)
 
-            def train_step() -> torch.Tensor:
-                loss = task.loss(task.model, batch)
-                task.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                return loss
+    def on_step(result: StepResult) -> None:
+        losses.append(result.loss)
+        bar.update(1)
 
-            started = time.perf_counter()
-            if frozen_now != measured_for:
-                holder: list[torch.Tensor] = []
-                flops_now = count_flops(lambda: holder.append(train_step()))
-                measured_for = frozen_now
-                loss = holder[0]
-            else:
-                loss = train_step()
-            task.optimizer.step()
-            task.scheduler.step()
-            eg.step(loss)
-            wall += time.perf_counter() - started
-            step += 1
-            total_flops += flops_now or 0.0
-            losses.append(float(loss.detach()))
-            bar.update(1)
-            if step % record_every == 0 or step == total_steps:
-                records.append(_record(eg, task, step, wall, losses, flops_now))
-                losses = []
-                task.model.train()
-    bar.close()
+    def record(result: StepResult) -> None:
+        records.append(_record(eg, task, result, losses))
+        losses.clear()
+
+    try:
+        steps = train(
+            task.model, task.optimizer, task.batches, task.loss, epochs=epochs, scheduler=task.scheduler, egeria=eg,
+            count_flops=True, on_step=on_step, evaluate=record, eval_every=record_every,
+        )
+    finally:
+        bar.close()
+    wall = steps[-1].train_time_s
+    total_flops = sum(r.flops or 0.0 for r in steps)
     partition = eg.partition
     total_params = sum(m.num_params for m in partition.modules)
     result.update(
@@ -165,8 +145,9 @@ def run_bench(
     return result
 
 
-def _record(eg: Egeria, task, step: int, wall: float, losses: list[float], flops: float | None) -> dict:
-    task.model.eval()
+def _record(eg: Egeria, task: Task, result: StepResult, losses: list[float]) -> dict:
+    """One record after ``result``'s step (the model is in eval mode); ``losses``: the
+    training losses since the previous record."""
     metric = float(task.evaluate(task.model))
     partition = eg.partition
     frozen = set(eg.frozen)
@@ -174,18 +155,18 @@ def _record(eg: Egeria, task, step: int, wall: float, losses: list[float], flops
     trainable = sum(m.num_params for m in partition.modules if m.name not in frozen)
     finite = [v for v in losses if math.isfinite(v)]
     return {
-        "step": step,
-        "epoch": step / task.steps_per_epoch,
-        "wall_time_s": wall,
+        "step": result.step,
+        "epoch": result.step / task.steps_per_epoch,
+        "wall_time_s": result.train_time_s,
         "metric": metric,
         "loss": sum(finite) / len(finite) if finite else None,
         "frozen": list(eg.frozen),
         "trainable_share": trainable / total if total else 1.0,
-        "flops_per_step": flops,
+        "flops_per_step": result.flops,
     }
 
 
-def _progress(total: int, label: str, enabled: bool):
+def _progress(total: int, label: str, enabled: bool) -> Any:
     if enabled:
         from tqdm import tqdm
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..harness import classification_loss
 
 __all__ = ["Task", "TASKS", "build_task"]
 
@@ -84,11 +85,6 @@ def _loader(dataset, batch_size: int, seed: int) -> Callable[[], Iterable[Batch]
     return lambda: loader
 
 
-def _classify(model: nn.Module, batch: Batch) -> torch.Tensor:
-    x, y = batch
-    return F.cross_entropy(model(x), y)
-
-
 def _accuracy(test: torch.utils.data.TensorDataset) -> Callable[[nn.Module], float]:
     @torch.no_grad()
     def evaluate(model: nn.Module) -> float:
@@ -115,7 +111,7 @@ def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]
     total = steps * epochs
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [total // 2, total * 3 // 4], gamma=0.1)
     task = Task(
-        "resnet-fmnist", model, opt, sched, _loader(train, 128, seed), steps, _classify, _accuracy(test),
+        "resnet-fmnist", model, opt, sched, _loader(train, 128, seed), steps, classification_loss, _accuracy(test),
         "accuracy", True, epochs, _baseline_options(steps, epochs),
     )
     return task, epochs
@@ -185,7 +181,7 @@ def _finetune_mnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int
     total = steps * epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
     task = Task(
-        "finetune-mnist", model, opt, sched, _loader(train, 128, seed), steps, _classify, _accuracy(test),
+        "finetune-mnist", model, opt, sched, _loader(train, 128, seed), steps, classification_loss, _accuracy(test),
         "accuracy", True, epochs, _baseline_options(steps, epochs),
     )
     return task, epochs
