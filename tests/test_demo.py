@@ -22,6 +22,7 @@ def test_cli_parses_demo_arguments() -> None:
         build_parser().parse_args([])
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_quick_demo_via_cli_writes_png_and_json_with_both_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["demo", "--quick", "--no-progress", "--out", str(tmp_path)]) == 0

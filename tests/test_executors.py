@@ -84,6 +84,7 @@ def _wait_for_answer(executor, limit_s: float = 60.0) -> list:
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["thread", "process-fork", "process-spawn"])
 def test_thread_and_process_controllers_answer_exactly_as_inline(kind):
     messages, decisions, spec = _recorded_run()
@@ -99,6 +100,7 @@ def test_thread_and_process_controllers_answer_exactly_as_inline(kind):
     assert any(d is not None for *_, d, _ in expected)
 
 
+@pytest.mark.slow
 def test_process_controller_freezes_without_making_training_wait():
     torch.manual_seed(0)
     model = Chain()
@@ -119,6 +121,7 @@ def test_process_controller_freezes_without_making_training_wait():
     assert not _alive(pid)
 
 
+@pytest.mark.slow
 def test_a_controller_process_with_two_threads_is_spawned_and_answers():
     torch.manual_seed(0)
     model = Chain()
@@ -187,6 +190,7 @@ def _warnings(caplog) -> list[str]:
 @pytest.mark.parametrize(
     "executor, trap", [("process", "raise"), ("thread", "raise"), ("inline", "raise"), ("process", "hang"), ("thread", "hang")]
 )
+@pytest.mark.slow
 def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, executor, trap):
     torch.manual_seed(0)
     model = Trapped(trap)
@@ -220,6 +224,7 @@ def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, execu
         assert not _alive(stats["pid"])
 
 
+@pytest.mark.slow
 def test_a_killed_controller_process_is_noticed_and_training_goes_on(caplog):
     torch.manual_seed(0)
     model = Chain()
@@ -296,6 +301,7 @@ def test_closing_inside_with_on_keyboard_interrupt_stops_the_controller():
     assert not _alive(pid)
 
 
+@pytest.mark.slow
 def test_no_orphan_process_after_an_interrupted_script_that_never_closes(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import egeria
@@ -33,6 +34,7 @@ def run(train_ds, test_ds, use_egeria: bool):
     return accuracy, eg
 
 
+@pytest.mark.slow
 def test_front_module_freezes_first_and_accuracy_holds_on_fashion_mnist():
     train_ds = load_fashion_mnist(split="train", limit=4000)
     test_ds = load_fashion_mnist(split="test", limit=2000)

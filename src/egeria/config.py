@@ -10,8 +10,10 @@ from typing import Any, Mapping, Sequence, Union
 
 from .checks import check_int
 
-__all__ = ["EgeriaConfig", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS"]
+__all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS"]
 
+#: Freezing rules of Egeria's own policy.
+RULES = ("paper", "egeria")
 #: Precisions the reference model can run in.
 PRECISIONS = ("int8", "bf16", "fp32")
 #: Where the training side's activation for a reading comes from.
@@ -70,6 +72,22 @@ class EgeriaConfig:
     reference_threads: int | None = 1
     # Smallest window W may be halved down to by repeated unfreezing.
     min_window: int = 2
+    # The freezing rule. "paper": Algorithm 1 as published: one module watched at a time,
+    # each starting its history when the one before it froze; after an unfreeze W is
+    # halved and watching restarts at once. "egeria": ``watch_span`` modules are read
+    # from one forward pass, so a module's history is ready when the one before it
+    # freezes; after an unfreeze the rule waits for the loss to settle again (bootstrapping)
+    # and keeps W.
+    rule: str = "paper"
+    # Modules read at each evaluation under rule="egeria", from the frontmost active one
+    # (None: every freezable module).
+    watch_span: int | None = None
+    # Readings run on the first ``probe_size`` samples of the evaluation batch (None: all);
+    # a reading's cost shrinks with it.
+    probe_size: int | None = None
+    # Every reading runs on the same probe (the first evaluation's batch) instead of its
+    # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
+    fixed_probe: bool = False
     # Where a reading's training activation comes from. "eval": at the evaluation step the
     # model's front, up to the watched module, runs once more in eval mode without
     # gradients, so the reading sees the module's own drift and not BatchNorm batch
@@ -118,6 +136,17 @@ class EgeriaConfig:
                 "(the last one, the head, is never frozen)"
             )
         _check_fraction(self, "tolerance_ratio", allow_above_one=True)
+        if self.rule not in RULES:
+            raise ValueError(f"EgeriaConfig.rule={self.rule!r} is not one of {', '.join(map(repr, RULES))}")
+        _check_optional_positive_int(self, "watch_span")
+        _check_optional_positive_int(self, "probe_size")
+        if not isinstance(self.fixed_probe, bool):
+            raise ValueError(f"EgeriaConfig.fixed_probe={self.fixed_probe!r} must be True or False")
+        if self.fixed_probe and self.activation_mode != "eval":
+            raise ValueError(
+                "EgeriaConfig.fixed_probe=True reads a fixed batch, which the training forward pass does not "
+                f"see; it needs activation_mode='eval', not {self.activation_mode!r}"
+            )
         _check_fraction(self, "bootstrap_change_rate", allow_above_one=True)
         if not _finite_number(self.unfreeze_lr_drop) or self.unfreeze_lr_drop <= 1.0:
             raise ValueError(

@@ -16,9 +16,18 @@ One evaluation, in two halves:
    weights the readout carries, in eval mode), the SP loss between the two, the rule,
    then the refresh of the reference from those weights.
 
-The controller keeps its own view of the frozen set: after deciding to freeze module k it
-watches k + 1 and treats requests still about k as stale, until a restart (an unfreeze, or
-a decision the worker applied too late to use) says otherwise.
+The controller watches ``span`` modules at once, from the frontmost active one: one
+forward pass of the reference and one of the training side, stopped at the deepest watched
+module, give a reading for each (``span=1`` is the paper's one module at a time). The
+front module freezes when its rule says so, and with it every module right behind it whose
+own rule already says so.
+
+With ``fixed_probe`` every reading uses the batch of the first evaluation (the *probe*)
+instead of the evaluation's own batch, so readings carry no batch-to-batch noise.
+
+The controller keeps its own view of the frozen set: after deciding to freeze modules up to
+k it watches k + 1 and treats requests still about earlier ones as stale, until a restart
+(an unfreeze, or a decision the worker applied too late to use) says otherwise.
 """
 
 from __future__ import annotations
@@ -32,14 +41,15 @@ import torch
 from torch import nn
 
 from .decision import Decision
-from .nested import first_tensor
+from .nested import map_leaves, map_tensors
 from .partition import Partition
 from .plasticity import ModuleWatch
 from .protocol import Readout, Request, Result
 from .reference import ReferenceModel
+from .serialization import decode_tensor, encode_tensor
 from .similarity import sp_loss
 from .threads import limited_threads
-from .truncated import run_until
+from .truncated import outputs_until
 from .weights import as_mapping
 
 __all__ = ["Controller"]
@@ -48,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 
 class Controller:
-    """Reference model plus freezing rule for the frontmost active module.
+    """Reference model plus freezing rule for the frontmost active modules.
 
     Args:
         partition: the model's layer modules.
@@ -59,6 +69,8 @@ class Controller:
         tolerance_ratio: see :class:`EgeriaConfig`.
         refresh_every: refresh the reference every this many readings.
         threads: torch threads for the controller's work (None: leave torch's setting).
+        span: how many modules are watched at once (1: the paper's rule).
+        fixed_probe: read every evaluation on the first evaluation's batch.
     """
 
     def __init__(
@@ -71,6 +83,8 @@ class Controller:
         tolerance_ratio: float,
         refresh_every: int = 1,
         threads: int | None = 1,
+        span: int = 1,
+        fixed_probe: bool = False,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -78,40 +92,58 @@ class Controller:
         self.tolerance_ratio = tolerance_ratio
         self.refresh_every = refresh_every
         self.threads = threads
+        self.span = span
+        self.fixed_probe = fixed_probe
+        self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
-        self.watch: ModuleWatch | None = None
+        self.watches: dict[int, ModuleWatch] = {}
         self.restart(generation=0, frozen=0, window=window)
+
+    @property
+    def watched(self) -> list[int]:
+        """Indices of the modules read at each evaluation, front first."""
+        return list(range(self.frozen, min(self.frozen + self.span, self.partition.freezable)))
 
     # -- one evaluation ------------------------------------------------------------
 
     def is_current(self, request: Request) -> bool:
-        """Whether the request is about this generation's watched module."""
+        """Whether the request is about this generation's front module."""
         return (
             request.generation == self.generation
             and request.module == self.frozen
             and request.module < self.partition.freezable
         )
 
-    @torch.no_grad()
-    def reference_activation(self, request: Request) -> torch.Tensor | None:
-        """The reference's activation for the request's batch (None: stale, or no reference yet)."""
-        if not self.is_current(request):
-            return None
-        if request.final_weights is not None and self.reference is not None:
-            self.reference.refinalize(as_mapping(request.final_weights), request.final_modules, request.batch)
-        if self.reference is None:
-            return None
-        return self.reference.activation(request.batch, request.module)
+    def _batch(self, request: Request) -> tuple:
+        """The batch a reading runs on: the request's, or the probe."""
+        if not self.fixed_probe:
+            return request.batch
+        if self.probe is None:
+            self.probe = request.batch
+        return self.probe
 
     @torch.no_grad()
-    def finish(self, request: Request, reference: torch.Tensor | None, readout: Readout) -> Result:
-        """Pairs the training activation with the reference's and runs the freezing rule."""
+    def reference_activation(self, request: Request) -> list[torch.Tensor] | None:
+        """The reference's activations at the watched modules for the reading's batch
+        (None: stale, or no reference yet)."""
+        if not self.is_current(request):
+            return None
+        batch = self._batch(request)
+        if request.final_weights is not None and self.reference is not None:
+            self.reference.refinalize(as_mapping(request.final_weights), request.final_modules, batch)
+        if self.reference is None:
+            return None
+        return self.reference.activations(batch, self.watched)
+
+    @torch.no_grad()
+    def finish(self, request: Request, reference: list[torch.Tensor] | None, readout: Readout) -> Result:
+        """Pairs the training activations with the reference's and runs the freezing rule."""
         started = time.perf_counter()
         result = self._finish(request, reference, readout)
         result.seconds = time.perf_counter() - started
         return result
 
-    def _finish(self, request: Request, reference: torch.Tensor | None, readout: Readout) -> Result:
+    def _finish(self, request: Request, reference: list[torch.Tensor] | None, readout: Readout) -> Result:
         def answer(**kw) -> Result:
             return Result(request.seq, request.generation, request.step, request.module, **kw)
 
@@ -120,75 +152,83 @@ class Controller:
         if not self.is_current(request):
             return answer(note="stale")
         weights = as_mapping(readout.weights)
-        module = request.module
+        watched = self.watched
         if self.reference is None or reference is None:
             if self.reference is None:
                 self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
-            self._refresh(weights, request, upto=module)
+            self._refresh(weights, request, upto=watched[-1])
             return answer(note="building")
         training = readout.activation
         if training is None:
-            training = self._front(weights, request)
-        plasticity = float(sp_loss(training.float(), reference))
-        if not math.isfinite(plasticity):
-            logger.warning("non-finite plasticity at step %d (module %s); reading ignored", request.step, self._name(module))
+            training = self._front(weights, self._batch(request), watched)
+        values = [float(sp_loss(t.float(), r)) for t, r in zip(training, reference)]
+        if not all(math.isfinite(v) for v in values):
+            logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
-        if self.watch is None:
-            self.watch = ModuleWatch(self.window, self.tolerance_ratio)
-        reading = self.watch.update(plasticity)
-        row = {
-            "step": request.step,
-            "module": self._name(module),
+        rows = [self._read(index, value, request.step) for index, value in zip(watched, values)]
+        count = 0
+        while count < len(watched) and self.watches[watched[count]].stale >= self.window:
+            count += 1
+        if count:
+            names = tuple(self._name(i) for i in watched[:count])
+            tolerance = self.watches[watched[0]].tolerance or 0.0
+            decision = Decision(
+                request.step,
+                "freeze",
+                names,
+                f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings",
+                evaluated_at=request.step,
+            )
+            self._froze(count, weights, request)
+            return answer(readings=rows, decision=decision)
+        self.readings_since_refresh += 1
+        if self.readings_since_refresh >= self.refresh_every:
+            self._refresh(weights, request, upto=watched[-1])
+        return answer(readings=rows)
+
+    def _read(self, index: int, plasticity: float, step: int) -> dict:
+        """One module's reading through its rule; the history row."""
+        watch = self.watches.get(index)
+        if watch is None:
+            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
+        reading = watch.update(plasticity)
+        return {
+            "step": step,
+            "module": self._name(index),
             "plasticity": reading.plasticity,
             "smoothed": reading.smoothed,
             "slope": reading.slope,
             "tolerance": reading.tolerance,
             "stale": reading.stale,
         }
-        if reading.freeze:
-            decision = Decision(
-                request.step,
-                "freeze",
-                (self._name(module),),
-                f"plasticity slope within tolerance {reading.tolerance:.3g} for {self.window} readings",
-                evaluated_at=request.step,
-            )
-            self._frozen_one(weights, request)
-            return answer(reading=row, decision=decision)
-        self.readings_since_refresh += 1
-        if self.readings_since_refresh >= self.refresh_every:
-            self._refresh(weights, request, upto=module)
-        return answer(reading=row)
 
-    def _front(self, weights: Mapping[str, torch.Tensor], request: Request) -> torch.Tensor:
-        """The watched module's fp32 eval-mode output for the batch, with the sent weights."""
+    def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
+        """The watched modules' fp32 eval-mode outputs for the batch, with the sent weights."""
         own = self.current.state_dict()
         for key, value in weights.items():
             own[key].copy_(value)
-        block = self.partition.modules[request.module].output_block
-        args, kwargs = request.batch
+        blocks = [self.partition.modules[i].output_block for i in watched]
+        args, kwargs = batch
         with limited_threads(self.threads):
-            tensor = first_tensor(run_until(self.current, block, args, kwargs))
-        if tensor is None:
-            raise RuntimeError(f"block {block} returned no tensor")
-        return tensor
+            return outputs_until(self.current, blocks, args, kwargs)
 
-    def _frozen_one(self, weights: Mapping[str, torch.Tensor], request: Request) -> None:
-        """Module ``request.module`` froze: watch the next one with a fresh reference."""
-        self.frozen += 1
-        self.watch = None
+    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request) -> None:
+        """The front ``count`` modules froze: watch the ones after them."""
+        self.frozen += count
+        self.watches = {i: w for i, w in self.watches.items() if i >= self.frozen}
         if self.frozen < self.partition.freezable:
-            self._refresh(weights, request, upto=self.frozen)
+            self._refresh(weights, request, upto=self.watched[-1])
 
     def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int) -> None:
         assert self.reference is not None
-        self.reference.refresh(weights, self.frozen, upto, request.batch)
+        self.reference.refresh(weights, self.frozen, upto, self._batch(request))
         self.readings_since_refresh = 0
 
     # -- control -------------------------------------------------------------------
 
     def restart(self, generation: int, frozen: int, window: int) -> None:
-        """Forget the reference and the watch; watch module ``frozen`` with window ``window``.
+        """Forget the reference and the watches; watch from module ``frozen`` with window
+        ``window`` (the probe is kept).
 
         Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
         that reached it too late (the frozen set the worker actually has).
@@ -196,7 +236,7 @@ class Controller:
         self.generation = generation
         self.frozen = frozen
         self.window = window
-        self.watch = None
+        self.watches = {}
         self.reference = None
         self.readings_since_refresh = 0
 
@@ -206,17 +246,22 @@ class Controller:
             "generation": self.generation,
             "frozen": self.frozen,
             "window": self.window,
-            "watch": None if self.watch is None else self.watch.state_dict(),
+            "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
             "readings_since_refresh": self.readings_since_refresh,
             "reference": None if self.reference is None else self.reference.state_dict(live),
+            "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
         }
 
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
         self.generation = int(state["generation"])
         self.frozen = int(state["frozen"])
         self.window = int(state["window"])
-        self.watch = None if state["watch"] is None else ModuleWatch.from_state(state["watch"])
+        self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
         self.readings_since_refresh = int(state["readings_since_refresh"])
+        self.probe = None
+        if state["probe"] is not None:
+            args, kwargs = map_leaves(state["probe"], _is_encoded, decode_tensor)
+            self.probe = (tuple(args), dict(kwargs))
         self.reference = None
         if state["reference"] is not None:
             self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
@@ -224,3 +269,7 @@ class Controller:
 
     def _name(self, index: int) -> str:
         return self.partition.modules[index].name
+
+
+def _is_encoded(value: object) -> bool:
+    return isinstance(value, dict) and set(value) == {"dtype", "shape", "data"}

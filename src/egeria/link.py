@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
@@ -36,7 +36,7 @@ class _Evaluation:
     batch: tuple
     sent: bool = False  # its request went to the controller
     open: bool = True  # its forward pass is running (activations may be captured)
-    activation: torch.Tensor | None = None
+    activations: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class ControllerLink:
@@ -49,8 +49,9 @@ class ControllerLink:
         keys: the model's state keys per layer module.
         freezable: how many leading modules may freeze.
         watch: returns the (frozen count, window W) a replacement controller watches.
-        hooked: the training activation comes from the training forward pass
+        hooked: the training activations come from the training forward pass
             (``activation_mode="train"``) rather than the controller's eval-mode copy.
+        span: how many modules, from the front one, each evaluation reads.
         max_in_flight, timeout: see :class:`~egeria.config.EgeriaConfig`.
     """
 
@@ -63,6 +64,7 @@ class ControllerLink:
         watch: Callable[[], tuple[int, int]],
         *,
         hooked: bool,
+        span: int = 1,
         max_in_flight: int,
         timeout: float,
     ) -> None:
@@ -72,6 +74,7 @@ class ControllerLink:
         self.freezable = freezable
         self.watch = watch
         self.hooked = hooked
+        self.span = span
         self.executor = executor
         self._finalizer = weakref.finalize(self, _close_quietly, self.executor)
         self.generation = 0
@@ -110,11 +113,17 @@ class ControllerLink:
     def wants_activation(self, module: int) -> bool:
         """Whether the running forward pass's output of ``module`` is to be captured."""
         e = self.evaluation
-        return self.hooked and e is not None and e.open and e.module == module and e.activation is None
+        return (
+            self.hooked
+            and e is not None
+            and e.open
+            and e.module <= module < e.module + self.span
+            and module not in e.activations
+        )
 
-    def capture(self, activation: torch.Tensor) -> None:
+    def capture(self, module: int, activation: torch.Tensor) -> None:
         assert self.evaluation is not None
-        self.evaluation.activation = activation
+        self.evaluation.activations[module] = activation
 
     def forward_ended(self) -> None:
         if self.evaluation is not None:
@@ -129,10 +138,15 @@ class ControllerLink:
             return
         if not evaluation.sent and not self._offer(evaluation, state):
             return
-        if self.hooked and evaluation.activation is None:
-            self._cancel()
-            return
-        self.executor.readout(Readout(self.seq, evaluation.activation, self._front_weights(state(), evaluation.module)))
+        activations = None
+        if self.hooked:
+            watched = range(evaluation.module, min(evaluation.module + self.span, self.freezable))
+            if any(i not in evaluation.activations for i in watched):
+                self._cancel()
+                return
+            activations = [evaluation.activations[i] for i in watched]
+        weights = self._front_weights(state(), evaluation.module + self.span - 1)
+        self.executor.readout(Readout(self.seq, activations, weights))
 
     def _offer(self, evaluation: _Evaluation, state: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
         """Sends the evaluation's request; False when it was dropped. ``state()`` is read
@@ -161,9 +175,9 @@ class ControllerLink:
             self._newly_frozen = []
         return sent
 
-    def _front_weights(self, state: Mapping[str, torch.Tensor], watched: int) -> Any:
-        """What the controller refreshes from: modules 0 to ``watched`` + 1, loose entries."""
-        return self.executor.weights(state, self.keys.of(range(min(watched + 2, self.freezable + 1))))
+    def _front_weights(self, state: Mapping[str, torch.Tensor], deepest: int) -> Any:
+        """What the controller refreshes from: modules 0 to ``deepest`` + 1, loose entries."""
+        return self.executor.weights(state, self.keys.of(range(min(deepest + 2, self.freezable + 1))))
 
     def _cancel(self) -> None:
         """Completes the sent request without a reading."""
@@ -194,8 +208,7 @@ class ControllerLink:
             self.lags.append(step - result.step)
             if result.generation != self.generation:
                 continue
-            if result.reading is not None:
-                self.history.append(result.reading)
+            self.history.extend(result.readings)
             if result.decision is None or result.module != frozen + len(accepted):
                 continue
             if step - result.step > max_lag:
@@ -256,7 +269,7 @@ class ControllerLink:
         self._drop_evaluation()
         controller = None
         if self.usable:
-            controller = self.executor.state_dict(self._front_weights(state, frozen), self.seq)
+            controller = self.executor.state_dict(self._front_weights(state, frozen + self.span - 1), self.seq)
             self._pending.extend(self.executor.poll())
         return {
             "controller": controller,
@@ -275,7 +288,7 @@ class ControllerLink:
         self.history = list(saved["history"])
         self.evaluation = None
         if saved["controller"] is not None:
-            self.executor.load_state_dict(saved["controller"], self._front_weights(state, frozen), self.seq)
+            self.executor.load_state_dict(saved["controller"], self._front_weights(state, frozen + self.span - 1), self.seq)
 
     def stats(self) -> dict:
         """Counts of the link: sent, dropped, answered, discarded decisions, lags, faults."""

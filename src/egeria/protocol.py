@@ -51,14 +51,15 @@ class Readout:
 
     Attributes:
         seq: the request it completes.
-        activation: the training activation at the watched module (``activation_mode``
-            "train"), or None to let the controller compute it from ``weights``.
+        activation: the training activations at the watched modules, front first
+            (``activation_mode`` "train"), or None to let the controller compute them from
+            ``weights``.
         weights: the model's state after the step's update, for the modules the
             controller refreshes (a mapping or a packed copy); None cancels the evaluation.
     """
 
     seq: int
-    activation: torch.Tensor | None
+    activation: list[torch.Tensor] | None
     weights: Any
 
 
@@ -68,7 +69,8 @@ class Result:
 
     Attributes:
         seq, generation, step, module: those of the request.
-        reading: the plasticity reading (a history row), or None when none was taken.
+        readings: the plasticity readings (history rows, one per watched module, front
+            first); empty when none was taken.
         decision: a freeze decision, or None.
         note: why there is no reading ("stale", "cancelled", "building", "non-finite").
         seconds: controller time spent on the evaluation.
@@ -79,7 +81,7 @@ class Result:
     generation: int
     step: int
     module: int
-    reading: dict | None = None
+    readings: list[dict] = field(default_factory=list)
     decision: Decision | None = None
     note: str = ""
     seconds: float = 0.0

@@ -24,12 +24,11 @@ import torch
 from torch import nn
 
 from .nested import map_tensors
-from .nested import first_tensor
 from .partition import Partition
 from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
 from .threads import limited_threads
-from .truncated import run_until
+from .truncated import outputs_until, run_until
 from .weights import ModuleKeys, cpu_snapshot
 
 __all__ = ["ReferenceModel", "Batch"]
@@ -203,14 +202,25 @@ class ReferenceModel:
             RuntimeError: when the reference was not refreshed as far as that module, or
                 the module's output block did not run.
         """
-        if module_index > self.upto:
-            raise RuntimeError(f"reference built up to module {self.upto}, asked for {module_index}")
-        block = self._partition.modules[module_index].output_block
-        output = self._run_until(batch, block)
-        tensor = first_tensor(output)
-        if tensor is None:
-            raise RuntimeError(f"block {block} returned no tensor")
-        return tensor.float()
+        return self.activations(batch, [module_index])[0]
+
+    @torch.no_grad()
+    def activations(self, batch: Batch, module_indices: Sequence[int]) -> list[torch.Tensor]:
+        """The reference's fp32 activations at the outputs of several layer modules, from
+        one forward pass that stops at the deepest of them.
+
+        Raises:
+            RuntimeError: when the reference was not refreshed as far as the deepest
+                module, or an output block did not run.
+        """
+        deepest = max(module_indices)
+        if deepest > self.upto:
+            raise RuntimeError(f"reference built up to module {self.upto}, asked for {deepest}")
+        blocks = [self._partition.modules[i].output_block for i in module_indices]
+        args, kwargs = batch
+        with limited_threads(self.threads), self._swapped():
+            outputs = outputs_until(self._float, blocks, args, kwargs)
+        return [t.float() for t in outputs]
 
     def _run_until(self, batch: Batch, block: str | None) -> Any:
         args, kwargs = batch

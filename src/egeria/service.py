@@ -62,6 +62,8 @@ class ControllerSpec:
     refresh_every: int
     threads: int | None
     cpu_threshold: float | None
+    span: int = 1
+    fixed_probe: bool = False
 
     def build(self) -> Controller:
         return Controller(
@@ -72,6 +74,8 @@ class ControllerSpec:
             tolerance_ratio=self.tolerance_ratio,
             refresh_every=self.refresh_every,
             threads=self.threads,
+            span=self.span,
+            fixed_probe=self.fixed_probe,
         )
 
 

@@ -29,7 +29,7 @@ from ..decision import Decision
 from ..executors import Executor, make_executor
 from ..hooks import mark
 from ..link import ControllerLink
-from ..nested import map_tensors
+from ..nested import leaves, map_tensors
 from ..nested import first_tensor
 from ..service import ControllerSpec
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
@@ -111,6 +111,7 @@ class KnowledgeGuided:
             partition.freezable,
             lambda: (binding.frozen(), self.window),  # what a replacement controller watches
             hooked=self.config.activation_mode == "train",
+            span=self.span,
             max_in_flight=self.config.max_in_flight,
             timeout=self.config.controller_timeout,
         )
@@ -211,7 +212,7 @@ class KnowledgeGuided:
         link.begin(
             binding.step() + 1,
             binding.frozen(),
-            lambda: map_tensors((args, kwargs), _cpu_copy),  # the loop may reuse its input buffers
+            lambda: _probe_copy((args, kwargs), self.config.probe_size),
             self.stage == "guided",
             self._model.state_dict,
         )
@@ -225,7 +226,7 @@ class KnowledgeGuided:
             if self.link is not None and self.link.wants_activation(index):
                 tensor = first_tensor(output)
                 if tensor is not None:
-                    self.link.capture(_cpu_copy(tensor))
+                    self.link.capture(index, _cpu_copy(tensor))
 
         return hook
 
@@ -249,7 +250,18 @@ class KnowledgeGuided:
             cfg.reference_refresh,
             cfg.reference_threads,
             cfg.cpu_threshold,
+            self.span,
+            cfg.fixed_probe,
         )
+
+    @property
+    def span(self) -> int:
+        """Modules read at each evaluation: 1 under the paper's rule, else ``watch_span``
+        (None: every freezable module)."""
+        assert self._binding is not None
+        if self.config.rule == "paper":
+            return 1
+        return self.config.watch_span or self._binding.partition.freezable
 
     def _configured_executor(self, spec: ControllerSpec) -> Executor:
         cfg = self.config
@@ -291,3 +303,13 @@ class KnowledgeGuided:
 
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True)
+
+
+def _probe_copy(batch: tuple, size: int | None) -> tuple:
+    """A CPU copy of the call arguments (the loop may reuse its input buffers), cut to the
+    first ``size`` samples: tensors whose first dimension is the batch's are sliced."""
+    tensors = leaves(batch)
+    rows = tensors[0].shape[0] if tensors and tensors[0].dim() > 0 else None
+    if size is None or rows is None or rows <= size:
+        return map_tensors(batch, _cpu_copy)
+    return map_tensors(batch, lambda t: _cpu_copy(t[:size] if t.dim() > 0 and t.shape[0] == rows else t))
