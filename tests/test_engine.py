@@ -95,8 +95,9 @@ def test_batchnorm_and_dropout_stay_in_eval_mode_through_model_train():
     assert stem_bn.training and stem_drop.training
 
 
-def test_lr_drop_unfreezes_all_and_halves_the_window():
-    model, opt, eg = make(window=4)
+@pytest.mark.parametrize("rule", ["paper", "egeria"])
+def test_lr_drop_unfreezes_all_then_the_rule_refreezes(rule):
+    model, opt, eg = make(window=4, rule=rule)
     data = batches(1) * 200
     train_until_frozen(model, opt, eg, data)
     frozen_names = list(eg.frozen)
@@ -106,10 +107,12 @@ def test_lr_drop_unfreezes_all_and_halves_the_window():
     assert decision.action == "unfreeze"
     assert list(decision.modules) == frozen_names
     assert eg.frozen == []
-    assert eg.window == 2
+    if rule == "paper":  # W halved, watching again at once
+        assert eg.window == 2 and eg.stage == "guided"
+    else:  # W kept, the loss must settle at the new rate first
+        assert eg.window == 4 and eg.stage == "bootstrap"
     assert all(p.requires_grad for p in model.parameters())
     assert model.stem[1].training is model.training
-    # Refreezing works with the halved window.
     train_until_frozen(model, opt, eg, data)
 
 

@@ -8,7 +8,8 @@ baselines. At every step boundary it
 2. completes the evaluation captured in this step's forward pass (the batch went to the
    controller as the forward started; the weights after the update go now);
 3. applies the controller's freeze decisions that are not too old;
-4. unfreezes everything when the unfreeze rule fires (a 10x learning-rate drop), halving W;
+4. unfreezes everything when the unfreeze rule fires (a 10x learning-rate drop); the
+   paper's rule then halves W, the default rule bootstraps again;
 5. arms the capture of the next evaluation step's forward pass.
 
 The controller (reference model and plasticity rule, :mod:`egeria.controller`) is
@@ -190,7 +191,11 @@ class KnowledgeGuided:
         ctx = UnfreezeContext(info.step, info.lr, self.lr_at_freeze, self.freeze_step, names)
         if not self.unfreeze_rule(ctx):
             return None
-        self.window = max(self.config.min_window, self.window // 2)
+        if self.config.rule == "paper":  # refreeze soon: halve W, watch again at once
+            self.window = max(self.config.min_window, self.window // 2)
+        else:  # wait until the loss has settled at the new learning rate
+            self.stage = "bootstrap"
+            self.bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
         self.lr_at_freeze = self.freeze_step = None
         assert self.link is not None
         self.link.restart(0, self.window)

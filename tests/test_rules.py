@@ -1,0 +1,105 @@
+"""Egeria's two freezing rules: the paper's one module at a time, and the default that
+reads several front modules from one forward pass; fixed and cut-down probe batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import egeria
+from egeria.executors import InlineExecutor
+from egeria.protocol import Readout, Request
+from egeria.service import ControllerSpec
+from egeria.weights import cpu_snapshot
+from fakes import Recorder
+from tiny import Chain, batches, quick_config, train
+
+
+def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision: str = "fp32"):
+    torch.manual_seed(0)
+    model = Chain(depth=4).eval()
+    partition = egeria.partition_model(model, (torch.randn(4, 8),))
+    spec = ControllerSpec(partition, cpu_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe)
+    return model, partition, InlineExecutor(spec)
+
+
+def _evaluate(executor, model, seq: int, batch: torch.Tensor):
+    """One evaluation of module 0 at step ``seq`` on ``batch`` with the model's weights."""
+    executor.offer(Request(seq, 0, seq, 0, ((batch,), {})))
+    executor.readout(Readout(seq, None, dict(model.state_dict())))
+    [result] = executor.poll()
+    return result
+
+
+@pytest.mark.parametrize("span", [1, 2, None])
+def test_modules_whose_plasticity_is_flat_freeze_together_when_watched_together(span):
+    model, partition, executor = _controller(span=span or 99)
+    x = torch.randn(16, 8)
+    results = [_evaluate(executor, model, seq, x) for seq in range(1, 8)]
+    # Constant weights and batch: every reading of every watched module is the same, every
+    # slope is 0, so each watched module is stale from its 3rd slope (4th reading) and
+    # reaches W = 3 stale readings at the 6th reading (the 1st evaluation builds the reference).
+    assert [r.note for r in results[:1]] == ["building"]
+    assert all(r.decision is None for r in results[1:6])
+    watched = min(span or 99, partition.freezable)
+    assert [len(r.readings) for r in results[1:6]] == [watched] * 5
+    assert results[6].decision is not None
+    assert results[6].decision.modules == tuple(partition.names[:watched])
+
+
+def test_a_fixed_probe_reads_the_first_batch_every_time():
+    readings = {}
+    for fixed in (False, True):
+        # bf16: a reference error that depends on the batch (fp32 would read 0 on any batch)
+        model, _, executor = _controller(span=1, fixed_probe=fixed, precision="bf16")
+        g = torch.Generator().manual_seed(3)
+        results = [_evaluate(executor, model, seq, torch.randn(16, 8, generator=g)) for seq in range(1, 5)]
+        readings[fixed] = [r.readings[0]["plasticity"] for r in results[1:]]
+    assert len(set(readings[True])) == 1  # same weights, same probe: the same reading
+    assert len(set(readings[False])) == 3  # a new batch each time
+
+
+def test_the_default_rule_reads_modules_before_their_predecessor_freezes():
+    first_reading, first_freeze = {}, {}
+    for rule in ("paper", "egeria"):
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+        eg = egeria.Egeria(model, opt, config=quick_config(rule=rule))
+        decisions = train(model, opt, eg, batches(1) * 120)
+        freezes = [d for d in decisions if d.action == "freeze"]
+        assert freezes, (rule, eg.history[-3:])
+        second = eg.modules[1]
+        first_freeze[rule] = freezes[0].evaluated_at
+        first_reading[rule] = min(r["step"] for r in eg.history if r["module"] == second)
+        eg.close()
+    assert first_reading["paper"] > first_freeze["paper"]  # its history starts after the freeze
+    assert first_reading["egeria"] < first_freeze["egeria"]  # read from the first evaluation on
+
+
+def test_readings_run_on_a_cut_down_probe_of_the_batch():
+    made = []
+
+    def recorder(spec):
+        made.append(Recorder(spec))
+        return made[-1]
+
+    config = quick_config(probe_size=5)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    eg = egeria.Egeria(model, opt, config=config, policy=egeria.KnowledgeGuided(config, executor=recorder))
+    train(model, opt, eg, batches(6, batch=16))
+    eg.close()
+    requests = [m for kind, m in made[0].messages if kind == "request"]
+    assert requests and all(r.batch[0][0].shape == (5, 8) for r in requests)
+
+
+def test_bad_rule_options_are_named():
+    with pytest.raises(ValueError, match="rule='fast'"):
+        egeria.EgeriaConfig(rule="fast")
+    with pytest.raises(ValueError, match="watch_span=0"):
+        egeria.EgeriaConfig(watch_span=0)
+    with pytest.raises(ValueError, match="probe_size=-1"):
+        egeria.EgeriaConfig(probe_size=-1)
+    with pytest.raises(ValueError, match="activation_mode='eval'"):
+        egeria.EgeriaConfig(fixed_probe=True, activation_mode="train")
