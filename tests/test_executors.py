@@ -90,6 +90,7 @@ def test_thread_and_process_controllers_answer_exactly_as_inline(kind):
     messages, decisions, spec = _recorded_run()
     assert len(decisions) >= 2  # the recording includes freezes
     spec.cpu_threshold = None
+    spec.threads = 1  # every replay on one thread: the same float kernels
     expected = _replay(InlineExecutor(copy.deepcopy(spec)), messages)
     torch.set_num_threads(1)  # the thread controller shares this pool; inline used 1 thread
     if kind == "thread":

@@ -19,7 +19,7 @@ PRECISIONS = ("int8", "bf16", "fp32")
 #: Where the training side's activation for a reading comes from.
 ACTIVATION_MODES = ("eval", "train")
 #: Where the controller (reference model and freezing rule) runs.
-EXECUTORS = ("process", "thread", "inline")
+EXECUTORS = ("auto", "process", "thread", "inline")
 #: multiprocessing start methods for the controller process (None: the platform default).
 START_METHODS = (None, "fork", "spawn", "forkserver")
 
@@ -67,9 +67,10 @@ class EgeriaConfig:
     # 1 (default) compares each reading against the snapshot of the previous evaluation,
     # so a reading measures how far the module moved in the last n steps.
     reference_refresh: int = 1
-    # Threads the controller's reference work may use (None = leave torch's setting). The
-    # thread executor shares the trainer's thread pool, so it ignores this.
-    reference_threads: int | None = 1
+    # Threads the controller's work may use. None chooses: inline, the trainer's own
+    # threads; a process, one per core of ``controller_cpus``, else one. The thread
+    # executor shares the trainer's thread pool, so it ignores this.
+    reference_threads: int | None = None
     # Smallest window W may be halved down to by repeated unfreezing.
     min_window: int = 2
     # The freezing rule. "paper": Algorithm 1 as published: one module watched at a time,
@@ -99,10 +100,14 @@ class EgeriaConfig:
     policy: str = "egeria"
     # Options of a baseline policy, e.g. {"t0": 0.8, "scaling": "cubic"} for "freezeout".
     policy_options: Mapping[str, Any] = field(default_factory=dict)
-    # Where the controller runs (paper 4.1): "process" (its own process; the trainer never
-    # waits for it), "thread" (a thread of the training process), "inline" (synchronously
-    # inside Egeria.step(), decisions at the evaluation step; for tests and debugging).
-    executor: str = "process"
+    # Where the controller runs (paper 4.1): "auto" (inline for a model on the CPU, whose
+    # cores all train; its own process beside an accelerator: egeria.placement), "process"
+    # (its own process; the trainer never waits for it), "thread" (a thread of the training
+    # process), "inline" (inside Egeria.step(), decisions at the evaluation step).
+    executor: str = "auto"
+    # Cores the controller process may run on (Linux; None: wherever the trainer may).
+    # Beside an accelerator, name host cores the data loader does not need.
+    controller_cpus: Union[Sequence[int], None] = None
     # Start method of the controller process; None follows the platform default, as
     # torch's DataLoader workers do. Under "spawn" the model must be picklable.
     start_method: str | None = None
@@ -172,6 +177,14 @@ class EgeriaConfig:
             raise ValueError(
                 f"EgeriaConfig.start_method={self.start_method!r} is not one of {START_METHODS!r}"
             )
+        if self.controller_cpus is not None and (
+            not isinstance(self.controller_cpus, (list, tuple))
+            or not self.controller_cpus
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in self.controller_cpus)
+        ):
+            raise ValueError(
+                f"EgeriaConfig.controller_cpus={self.controller_cpus!r} must be None or a non-empty list of core numbers"
+            )
         _check_positive_int(self, "max_in_flight")
         _check_positive_int(self, "max_lag_intervals")
         if self.cpu_threshold is not None:
@@ -208,6 +221,8 @@ class EgeriaConfig:
         if out["modules"] is not None and not isinstance(out["modules"], str):
             out["modules"] = list(out["modules"])
         out["policy_options"] = dict(out["policy_options"])
+        if out["controller_cpus"] is not None:
+            out["controller_cpus"] = list(out["controller_cpus"])
         return out
 
 

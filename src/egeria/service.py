@@ -28,6 +28,7 @@ from torch import nn
 from .controller import Controller
 from .cpuload import CpuLoad, wait_for_quiet
 from .partition import Partition
+from .placement import pin_to
 from .protocol import Control, Readout, Reply, Request
 from .weights import as_mapping
 
@@ -64,6 +65,7 @@ class ControllerSpec:
     cpu_threshold: float | None
     span: int = 1
     fixed_probe: bool = False
+    cpus: tuple[int, ...] | None = None  # cores the controller process may use
 
     def build(self) -> Controller:
         return Controller(
@@ -236,6 +238,7 @@ def process_main(spec: ControllerSpec, channels: Channels, heartbeat: Any, train
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    pin_to(spec.cpus)
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
     parent = multiprocessing.parent_process()

@@ -32,6 +32,7 @@ from ..hooks import mark
 from ..link import ControllerLink
 from ..nested import leaves, map_tensors
 from ..nested import first_tensor
+from ..placement import controller_threads, resolve_executor
 from ..service import ControllerSpec
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
 from ..weights import ModuleKeys, cpu_snapshot
@@ -242,10 +243,17 @@ class KnowledgeGuided:
         assert self._binding is not None
         return self._binding.model
 
+    @property
+    def executor_kind(self) -> str:
+        """Where the controller runs: the config's executor, ``"auto"`` resolved."""
+        assert self._binding is not None
+        return resolve_executor(self.config.executor, self._binding.model)
+
     def _spec(self) -> ControllerSpec:
         """What the controller is built from: a CPU snapshot of the model as it is now."""
         assert self._binding is not None
         cfg = self.config
+        cpus = tuple(cfg.controller_cpus) if cfg.controller_cpus is not None else None
         return ControllerSpec(
             self._binding.partition,
             cpu_snapshot(self._binding.model),
@@ -253,10 +261,11 @@ class KnowledgeGuided:
             self.window,
             cfg.tolerance_ratio,
             cfg.reference_refresh,
-            cfg.reference_threads,
+            controller_threads(self.executor_kind, cfg.reference_threads, cpus),
             cfg.cpu_threshold,
             self.span,
             cfg.fixed_probe,
+            cpus,
         )
 
     @property
@@ -271,7 +280,7 @@ class KnowledgeGuided:
     def _configured_executor(self, spec: ControllerSpec) -> Executor:
         cfg = self.config
         return make_executor(
-            cfg.executor,
+            self.executor_kind,
             lambda: spec,
             max_in_flight=cfg.max_in_flight,
             timeout=cfg.controller_timeout,
