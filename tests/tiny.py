@@ -78,8 +78,9 @@ def train(
 
 
 def quick_config(**overrides) -> egeria.EgeriaConfig:
-    """Evaluate every step with a short window so decisions come within tens of steps."""
-    settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline")
+    """Evaluate every step with a short window so decisions come within tens of steps; an
+    int8 reference on every CPU ("auto" picks bf16 only where the CPU has it)."""
+    settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline", reference_precision="int8")
     settings.update(overrides)
     return egeria.EgeriaConfig(**settings)
 

@@ -15,7 +15,7 @@ __all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS
 #: Freezing rules of Egeria's own policy.
 RULES = ("paper", "egeria")
 #: Precisions the reference model can run in.
-PRECISIONS = ("int8", "bf16", "fp32")
+PRECISIONS = ("auto", "int8", "bf16", "fp32")
 #: Where the training side's activation for a reading comes from.
 ACTIVATION_MODES = ("eval", "train")
 #: Where the controller (reference model and freezing rule) runs.
@@ -52,8 +52,9 @@ class EgeriaConfig:
     # Bootstrapping ends when the relative change of the smoothed training loss between
     # two consecutive intervals of n steps falls below this.
     bootstrap_change_rate: float = 0.10
-    # Arithmetic of the reference model: "int8" (quantized, the default), "bf16", "fp32".
-    reference_precision: str = "int8"
+    # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
+    # or "auto": bf16 on CPUs with native bf16 (its refresh is a cast), else int8.
+    reference_precision: str = "auto"
     # Unfreeze every module when the learning rate has dropped by this factor or more
     # since the frontmost module froze (a 10x step decay by default).
     unfreeze_lr_drop: float = 10.0

@@ -263,9 +263,15 @@ class Controller:
             args, kwargs = map_leaves(state["probe"], _is_encoded, decode_tensor)
             self.probe = (tuple(args), dict(kwargs))
         self.reference = None
-        if state["reference"] is not None:
+        saved = state["reference"]
+        if saved is not None and saved["precision"] != self.precision:
+            logger.warning(
+                "the saved reference is %s, this controller's is %s (another machine?): it is rebuilt at the "
+                "next evaluation", saved["precision"], self.precision,
+            )
+        elif saved is not None:
             self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
-            self.reference.load_state_dict(state["reference"], weights)
+            self.reference.load_state_dict(saved, weights)
 
     def _name(self, index: int) -> str:
         return self.partition.modules[index].name

@@ -32,7 +32,7 @@ from ..hooks import mark
 from ..link import ControllerLink
 from ..nested import leaves, map_tensors
 from ..nested import first_tensor
-from ..placement import controller_threads, resolve_executor
+from ..placement import controller_threads, resolve_executor, resolve_precision
 from ..service import ControllerSpec
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
 from ..weights import ModuleKeys, cpu_snapshot
@@ -257,7 +257,7 @@ class KnowledgeGuided:
         return ControllerSpec(
             self._binding.partition,
             cpu_snapshot(self._binding.model),
-            cfg.reference_precision,
+            resolve_precision(cfg.reference_precision),
             self.window,
             cfg.tolerance_ratio,
             cfg.reference_refresh,
