@@ -79,8 +79,11 @@ def train(
 
 def quick_config(**overrides) -> egeria.EgeriaConfig:
     """Evaluate every step with a short window so decisions come within tens of steps; an
-    int8 reference on every CPU ("auto" picks bf16 only where the CPU has it)."""
-    settings = dict(eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline", reference_precision="int8")
+    int8 reference on every CPU ("auto" picks bf16 only where the CPU has it); no cost
+    budget, whose warning depends on timing."""
+    settings = dict(
+        eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline", reference_precision="int8", cost_budget=None
+    )
     settings.update(overrides)
     return egeria.EgeriaConfig(**settings)
 

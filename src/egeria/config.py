@@ -90,6 +90,11 @@ class EgeriaConfig:
     # Every reading runs on the same probe (the first evaluation's batch) instead of its
     # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
     fixed_probe: bool = False
+    # Share of training time Egeria's readings may take on the training thread. With a
+    # derived n, n is lengthened once, early, to keep within it (measured on the first
+    # evaluations); a budget an explicit eval_interval breaks is reported once. None: no
+    # budget.
+    cost_budget: float | None = 0.01
     # Where a reading's training activation comes from. "eval": at the evaluation step the
     # model's front, up to the watched module, runs once more in eval mode without
     # gradients, so the reading sees the module's own drift and not BatchNorm batch
@@ -144,6 +149,8 @@ class EgeriaConfig:
         _check_fraction(self, "tolerance_ratio", allow_above_one=True)
         if self.rule not in RULES:
             raise ValueError(f"EgeriaConfig.rule={self.rule!r} is not one of {', '.join(map(repr, RULES))}")
+        if self.cost_budget is not None:
+            _check_fraction(self, "cost_budget", allow_above_one=False)
         _check_optional_positive_int(self, "watch_span")
         _check_optional_positive_int(self, "probe_size")
         if not isinstance(self.fixed_probe, bool):

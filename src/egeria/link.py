@@ -129,24 +129,25 @@ class ControllerLink:
         if self.evaluation is not None:
             self.evaluation.open = False
 
-    def complete(self, guided: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+    def complete(self, guided: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
         """The step boundary after the captured forward pass: the evaluation goes out with
         the weights after the update (a batch captured while bootstrapping goes out only if
-        guided freezing has just started)."""
+        guided freezing has just started). True when an evaluation went out."""
         evaluation, self.evaluation = self.evaluation, None
         if evaluation is None or not guided or not self.usable:
-            return
+            return False
         if not evaluation.sent and not self._offer(evaluation, state):
-            return
+            return False
         activations = None
         if self.hooked:
             watched = range(evaluation.module, min(evaluation.module + self.span, self.freezable))
             if any(i not in evaluation.activations for i in watched):
                 self._cancel()
-                return
+                return False
             activations = [evaluation.activations[i] for i in watched]
         weights = self._front_weights(state(), evaluation.module + self.span - 1)
         self.executor.readout(Readout(self.seq, activations, weights))
+        return True
 
     def _offer(self, evaluation: _Evaluation, state: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
         """Sends the evaluation's request; False when it was dropped. ``state()`` is read
@@ -203,13 +204,14 @@ class ControllerLink:
             self._fall_back(str(err))
         self._pending = []
         self._warn_failure()
-        accepted = []
+        accepted: list[Result] = []
+        taken = 0  # modules the accepted decisions freeze
         for result in arrived:
             self.lags.append(step - result.step)
             if result.generation != self.generation:
                 continue
             self.history.extend(result.readings)
-            if result.decision is None or result.module != frozen + len(accepted):
+            if result.decision is None or result.module != frozen + taken:
                 continue
             if step - result.step > max_lag:
                 logger.info(
@@ -218,9 +220,10 @@ class ControllerLink:
                     step, ", ".join(result.decision.modules), result.step, step - result.step, max_lag,
                 )
                 self.discarded += 1
-                self.restart(frozen + len(accepted), window)  # the rest of this generation's answers are stale now
+                self.restart(frozen + taken, window)  # the rest of this generation's answers are stale now
                 continue
             accepted.append(result)
+            taken += len(result.decision.modules)
         return accepted
 
     def froze(self, module: int) -> None:

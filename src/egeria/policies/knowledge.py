@@ -19,12 +19,14 @@ started at the first step boundary, in the executor the config names.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ..bootstrap import BootstrapMonitor
+from ..budget import CostBudget
 from ..config import EgeriaConfig
 from ..decision import Decision
 from ..executors import Executor, make_executor
@@ -63,6 +65,7 @@ class KnowledgeGuided:
         unfreeze_rule: replaces the default learning-rate-drop rule (cyclical schedules).
         executor: builds the controller's executor from its spec; by default the one
             ``config.executor`` names.
+        clock: seconds for the cost budget (tests pass a fake one).
     """
 
     name = "egeria"
@@ -73,6 +76,7 @@ class KnowledgeGuided:
         *,
         unfreeze_rule: UnfreezeRule | None = None,
         executor: ExecutorFactory | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
         self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.config.unfreeze_lr_drop)
@@ -84,6 +88,8 @@ class KnowledgeGuided:
         self.lr_at_freeze: float | None = None
         self.freeze_step: int | None = None
         self.link: ControllerLink | None = None
+        self.budget = CostBudget(self.config.cost_budget or 1.0, clock)
+        self.budget_checked = False  # the cost budget is judged once
         self._binding: Binding | None = None
         self._handles: list = []
         self._warned_no_loss = False
@@ -127,20 +133,26 @@ class KnowledgeGuided:
             if info.step % n == 0 and self.bootstrap.end_interval():
                 self.stage = "guided"
                 self._binding.event(Decision(info.step, "guided", (), "training loss settled"))
-        model = self._model
-        self.link.complete(self.stage == "guided", model.state_dict)
-        accepted = self.link.decisions(info.step, info.frozen, self.config.max_lag_intervals * n, self.window)
+        with self.budget.spending():
+            evaluated = self.link.complete(self.stage == "guided", self._model.state_dict)
+            accepted = self.link.decisions(info.step, info.frozen, self.config.max_lag_intervals * n, self.window)
         if accepted:
             last = accepted[-1]
             assert last.decision is not None
             if info.frozen == 0:  # the unfreeze rule measures the learning-rate drop from here
                 self.lr_at_freeze, self.freeze_step = info.lr, info.step
+            count = 0
             for result in accepted:
-                self.link.froze(result.module)
-            move = Move(info.frozen + len(accepted), last.decision.reason, last.step)
+                assert result.decision is not None
+                for offset in range(len(result.decision.modules)):
+                    self.link.froze(result.module + offset)
+                count += len(result.decision.modules)
+            move = Move(info.frozen + count, last.decision.reason, last.step)
         frozen = move.frozen if move is not None else info.frozen
         unfreeze = self._unfreeze(info, frozen)
         move = unfreeze or move
+        self.budget.step_done(evaluated)
+        self._keep_budget(move.frozen if move is not None else info.frozen)
         self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
         return move
 
@@ -175,6 +187,30 @@ class KnowledgeGuided:
                     info.total_steps, self.config.min_eval_interval,
                 )
         return self.eval_interval
+
+    def _keep_budget(self, frozen: int) -> None:
+        """Once the first evaluations are measured: lengthen a derived n that breaks the
+        cost budget (the watch restarts with the new spacing), or report an explicit one."""
+        limit = self.config.cost_budget
+        if limit is None or self.budget_checked or not self.budget.measured:
+            return
+        self.budget_checked = True
+        assert self.eval_interval is not None and self.link is not None
+        share = self.budget.share(self.eval_interval)
+        if share <= limit:
+            return
+        cost, step = self.budget.figures()
+        needed = self.budget.interval()
+        figures = (
+            f"a reading costs {cost * 1e3:.1f} ms on the training thread against {step * 1e3:.1f} ms per "
+            f"training step: {share:.1%} of training at n={self.eval_interval}, over the cost budget of {limit:.1%}"
+        )
+        if self.config.eval_interval is not None:
+            logger.warning("Egeria: %s; eval_interval=%d is kept as set (n=%d would meet it)", figures, self.eval_interval, needed)
+            return
+        logger.info("Egeria: %s; n is now %d", figures, needed)
+        self.eval_interval = needed
+        self.link.restart(frozen, self.window)
 
     def _record_loss(self, loss: torch.Tensor | float | None) -> None:
         if loss is None:
@@ -215,13 +251,14 @@ class KnowledgeGuided:
         binding, link = self._binding, self.link
         if link is None or binding is None or binding.own_pass() or not module.training:
             return
-        link.begin(
-            binding.step() + 1,
-            binding.frozen(),
-            lambda: _probe_copy((args, kwargs), self.config.probe_size),
-            self.stage == "guided",
-            self._model.state_dict,
-        )
+        with self.budget.spending():
+            link.begin(
+                binding.step() + 1,
+                binding.frozen(),
+                lambda: _probe_copy((args, kwargs), self.config.probe_size),
+                self.stage == "guided",
+                self._model.state_dict,
+            )
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self.link is not None:
@@ -299,6 +336,7 @@ class KnowledgeGuided:
             "bootstrap": self.bootstrap.state_dict(),
             "lr_at_freeze": self.lr_at_freeze,
             "freeze_step": self.freeze_step,
+            "budget_checked": self.budget_checked,
             "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
         }
 
@@ -310,6 +348,7 @@ class KnowledgeGuided:
         self.bootstrap = BootstrapMonitor.from_state(state["bootstrap"])
         self.lr_at_freeze = state["lr_at_freeze"]
         self.freeze_step = state["freeze_step"]
+        self.budget_checked = bool(state["budget_checked"])
         self.link.load_state_dict(state["link"], self._model.state_dict(), self._binding.frozen())
         if self.eval_interval is not None:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
