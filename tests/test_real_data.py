@@ -16,15 +16,16 @@ pytestmark = needs_fmnist
 EPOCHS = 5
 
 
-def run(train_ds, test_ds, use_egeria: bool):
-    torch.manual_seed(0)
+def run(train_ds, test_ds, use_egeria: bool, seed: int = 0):
+    """One short run; ``seed`` sets the initial weights and the batch order."""
+    torch.manual_seed(seed)
     model = resnet(depth=8, in_channels=1, width=8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     loader = torch.utils.data.DataLoader(
-        train_ds, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(0)
+        train_ds, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(0.8 * EPOCHS * len(loader))], 0.1)
-    config = egeria.EgeriaConfig(eval_interval=3, window=5, executor="inline")
+    config = egeria.EgeriaConfig(eval_interval=3, window=5, executor="inline", reference_precision="int8")
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched) if use_egeria else None
     train(model, opt, lambda: loader, classification_loss, epochs=EPOCHS, scheduler=sched, egeria=eg)
     model.eval()
