@@ -25,6 +25,7 @@ from typing import Any, Iterator, TextIO
 import torch
 from torch import nn
 
+from .checks import check_int
 from .config import EgeriaConfig
 from .engine import Egeria
 from .harness import StepResult, classification_loss, train
@@ -434,9 +435,7 @@ def _plot(result: dict, path: Path) -> None:
 
 def _check_settings(s: DemoSettings) -> None:
     for name in ("train_limit", "test_limit", "epochs", "batch_size", "window"):
-        value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"demo {name}={value!r} must be a positive integer")
+        check_int(getattr(s, name), f"demo {name}")
     if not 0 < s.lr_drop_at <= 1:
         raise ValueError(f"demo lr_drop_at={s.lr_drop_at!r} must be in (0, 1]")
 

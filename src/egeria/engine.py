@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .cache.attach import attach_loader
+from .checks import check_int
 from .config import EgeriaConfig
 from .decision import Decision
 from .freezing import FrozenPrefix
@@ -88,8 +89,8 @@ class Egeria:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         _check_optimizer(model, optimizer)
-        if total_steps is not None and (not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1):
-            raise ValueError(f"total_steps={total_steps!r} must be a positive integer")
+        if total_steps is not None:
+            check_int(total_steps, "total_steps")
         self.policy: FreezePolicy = _choose_policy(self.config, policy, unfreeze_rule)
         if getattr(self.policy, "requires_total_steps", False) and total_steps is None:
             raise ValueError(

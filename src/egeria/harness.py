@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import check_int
+
 if TYPE_CHECKING:
     from .decision import Decision
     from .engine import Egeria
@@ -123,8 +125,8 @@ def train(
         ValueError: ``epochs`` or ``eval_every`` is not a positive integer.
     """
     for name, value in (("epochs", epochs), ("eval_every", eval_every)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"train({name}={value!r}): must be a positive integer")
+        if value is not None:
+            check_int(value, f"train {name}")
     counter = _FlopCounter(egeria) if count_flops else None
     results: list[StepResult] = []
     evaluated = 0

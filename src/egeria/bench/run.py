@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..checks import check_int
 from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..harness import StepResult, train
@@ -69,8 +70,7 @@ def run_bench(
     """
     if policy not in POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {list(POLICY_NAMES)}")
-    if not isinstance(records_per_epoch, int) or records_per_epoch < 1:
-        raise ValueError(f"records_per_epoch={records_per_epoch!r} must be a positive integer")
+    check_int(records_per_epoch, "records_per_epoch")
     out = Path(out_dir)
     if task_name == "finetune-mnist" and init is None:
         init = out / "resnet-fmnist" / "none-seed0.pt"
