@@ -64,18 +64,25 @@ def _run_demo(args: argparse.Namespace, command: str) -> int:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from .bench import POLICY_NAMES, TASKS
+    from .bench.layouts import LAYOUTS
 
     p = sub.add_parser(
         "bench",
         help="train one benchmark task under one freezing policy and record it as JSON",
-        description="Trains TASK under POLICY and writes OUT/TASK/POLICY-seedS.json (records of wall time, "
-        "validation metric, frozen modules, FLOPs per step, plasticity) and the trained weights (.pt).",
+        description="Trains TASK under POLICY in LAYOUT and writes OUT/LAYOUT/TASK/POLICY-seedS.json (records of "
+        "wall time, validation metric, frozen modules, FLOPs per step, plasticity) and the trained weights (.pt).",
     )
     p.add_argument("task", choices=sorted(TASKS))
     p.add_argument("--policy", default="egeria", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=None, help="override the task's default number of epochs")
     p.add_argument("--out", default="benchmarks/results/runs", metavar="DIR")
+    p.add_argument(
+        "--layout", default="cpu", choices=LAYOUTS,
+        help="cpu: train on every core this process may use, with as many torch threads, Egeria's controller "
+        "where its config puts it; accel: train on the first of those cores with one thread (standing for an "
+        "accelerator), Egeria's controller in its own process on the others (default: %(default)s)",
+    )
     p.add_argument("--limit", type=int, default=None, help="first N training samples only (quick runs)")
     p.add_argument("--eval-limit", type=int, default=None, help="first N validation samples only")
     p.add_argument("--records-per-epoch", type=int, default=1)
@@ -98,6 +105,7 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         seed=args.seed,
         epochs=args.epochs,
         out_dir=args.out,
+        layout=args.layout,
         limit=args.limit,
         eval_limit=args.eval_limit,
         records_per_epoch=args.records_per_epoch,
@@ -108,7 +116,8 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
     )
     final = result["final"]
     print(
-        f"{args.task} / {args.policy} / seed {args.seed}: {result['metric']['name']} {final['metric']:.4f}, "
+        f"{args.task} / {args.policy} / seed {args.seed} / {args.layout}: {result['metric']['name']} "
+        f"{final['metric']:.4f}, "
         f"{final['wall_time_s']:.1f} s of training, {final['total_flops']:.3g} FLOPs"
     )
     return 0
