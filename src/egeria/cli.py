@@ -142,9 +142,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="turn benchmark runs into tables and plots",
-        description="Reads run JSON files (or directories of them) and writes report.md, report.json and plots.",
+        description="Reads run JSON files (or directories of them) and writes report.md, report.json and plots, "
+        "each task's layouts side by side. A run's layout is the one it recorded; for a run that records none "
+        "(made before layouts): the LAYOUT of a LAYOUT=PATH argument, else the nearest folder on its path named "
+        "cpu, accel, runs-cpu or runs-accel, else accel (those runs trained on one core with one thread).",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("paths", nargs="+", metavar="[LAYOUT=]PATH")
     p.add_argument("--out", default="benchmarks/results", metavar="DIR")
     p.set_defaults(func=_run_report)
 
