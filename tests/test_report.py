@@ -422,3 +422,31 @@ def test_duplicates_are_per_layout(tmp_path: Path) -> None:
     assert len(build_report(runs, tmp_path, plots=False)["tasks"]["resnet-fmnist"]["layouts"]) == 2
     with pytest.raises(ValueError, match="layout 'cpu': two runs of policy 'none' seed 0"):
         build_report(runs + [runs[3]], tmp_path, plots=False)
+
+
+def test_where_accel_runs_the_controller_is_the_layouts_not_the_label(tmp_path: Path) -> None:
+    acc = "resnet-fmnist"
+    old_plain = _run(acc, "none", 0, [10, 20], [0.5, 0.9], 1000.0)  # format 1: accel by default
+    old_plain["config"] = {"executor": "auto", "policy": "none"}
+    old_egeria = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0)
+    old_egeria["config"] = {"executor": "process", "policy": "egeria"}
+    new_egeria = _run(acc, "egeria", 1, [10, 20], [0.5, 0.9], 900.0, layout="accel")
+    new_egeria["config"] = {"executor": "process", "controller_cpus": [1], "policy": "egeria"}
+    cpu_process = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0, layout="cpu")
+    cpu_process["config"] = {"executor": "process", "policy": "egeria"}  # egeria bench --set executor=process
+    rep = build_report([old_plain, old_egeria, new_egeria, cpu_process], tmp_path, plots=False)
+    labels = {lay: sorted((r["policy"], r["seed"]) for r in data["rows"])
+              for lay, data in rep["tasks"][acc]["layouts"].items()}  # fmt: skip
+    assert labels == {
+        "cpu": [("egeria[executor=process]", 0)],
+        "accel": [("egeria", 0), ("egeria", 1), ("none", 0)],
+    }
+
+
+def test_backward_flops_vs_plain_uses_the_plain_seeds_that_recorded_them(tmp_path: Path) -> None:
+    old_plain = _run("t", "none", 0, [10, 20], [0.5, 0.9], 1000.0)  # format 1: no backward FLOPs
+    new_plain = _run("t", "none", 1, [10, 20], [0.5, 0.9], 1000.0, layout="accel")  # 2000 backward FLOPs
+    egeria = _run("t", "egeria", 0, [10, 20], [0.5, 0.9], 900.0, layout="accel", backward_shares=[1.0, 0.5])
+    rep = build_report([old_plain, new_plain, egeria], tmp_path, plots=False)
+    assert _row(rep, "t", "egeria", 0)["backward_flops_vs_plain"] == pytest.approx(1500 / 2000)
+    assert _row(rep, "t", "none", 0)["backward_flops_vs_plain"] is None

@@ -15,7 +15,7 @@ by side, with what the paper's section 6 shows:
   the mean over the plain seeds. Beside the measured TTA speedup (plain TTA / the run's)
   stand the FLOP-ideal speedup (plain total FLOPs, mean over seeds / the run's total FLOPs,
   what the saved computation alone would give), the efficiency (measured / ideal) and the
-  run's backward FLOPs against the plain runs' (format-2 runs only);
+  run's backward FLOPs against those of the plain runs that recorded them (format-2 runs);
 - whether each policy's final metric differs from the plain seeds' mean by less than the
   seed-to-seed spread (max - min) of the plain runs (unknown with a single plain seed);
 - one side-by-side table of the layouts' final metrics, TTAs, speedups and efficiencies;
@@ -149,8 +149,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
     plain_ttas = [t[0] for t in (_time_to_target(r, target, higher) for r in plain) if t is not None]
     ref_tta = _mean(plain_ttas) if plain_ttas and len(plain_ttas) == len(plain) else None
     ref_flops = _mean([float(r["final"]["total_flops"]) for r in plain])
-    plain_backward = [r["final"].get("total_backward_flops") for r in plain]
-    ref_backward = _mean([float(b) for b in plain_backward]) if plain and None not in plain_backward else None
+    ref_backward = _mean([float(b) for r in plain if (b := r["final"].get("total_backward_flops")) is not None])
     plain_mean = _mean(finals)
 
     rows = []
@@ -351,9 +350,9 @@ _TTA_WORDS = (
     "(`none`) seeds (the lowest accuracy, the highest perplexity), which every plain seed reaches; earlier "
     "reports took the final metric of the lowest plain seed. TTA speedup: the plain seeds' mean TTA / the "
     "run's. FLOP-ideal speedup: the plain seeds' mean total FLOPs / the run's total FLOPs. Efficiency: TTA "
-    "speedup / FLOP-ideal speedup. Backward FLOPs vs plain: the run's total backward FLOPs / the plain "
-    "seeds' mean (format-2 runs only). Seed noise: a run's distance from the plain seeds' mean final "
-    "metric against their spread (max - min)."
+    "speedup / FLOP-ideal speedup. Backward FLOPs vs plain: the run's total backward FLOPs / the mean "
+    "of the plain seeds that recorded theirs (format-2 runs only). Seed noise: a run's distance from the "
+    "plain seeds' mean final metric against their spread (max - min)."
 )
 
 

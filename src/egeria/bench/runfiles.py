@@ -61,8 +61,8 @@ def layout_name(run: dict) -> str:
 
 def policy_label(run: dict) -> str:
     """The policy as shown: its name, with its options where it has any, and the config
-    fields the run changed from the defaults (``egeria bench --set``) in brackets. What the
-    ``"accel"`` layout sets (``executor="process"``, its ``controller_cpus``) is the
+    fields the run changed from the defaults (``egeria bench --set``) in brackets. Where the
+    ``"accel"`` layout runs the controller (``executor``, ``controller_cpus``) is the
     layout's, shown with it, not here."""
     label = str(run["policy"])
     options = run.get("policy_options") or {}
@@ -76,16 +76,13 @@ def policy_label(run: dict) -> str:
 
 def _changed_fields(config: dict, layout: Any) -> dict:
     """Fields of a recorded config that differ from today's defaults (the policy aside, and
-    what a recorded layout set); fields it does not record are left out."""
+    under ``"accel"`` where the controller runs, which is the layout's); fields it does not
+    record are left out."""
     defaults = EgeriaConfig().to_dict()
+    skip = {"policy", "policy_options"}
     if isinstance(layout, dict) and layout.get("name") == "accel":
-        defaults["executor"] = "process"
-        if layout.get("controller_cpus") is not None:
-            defaults["controller_cpus"] = list(layout["controller_cpus"])
-    return {
-        k: v for k, v in config.items()
-        if k in defaults and k not in ("policy", "policy_options") and v != defaults[k]
-    }
+        skip |= {"executor", "controller_cpus"}
+    return {k: v for k, v in config.items() if k in defaults and k not in skip and v != defaults[k]}
 
 
 def load_runs(paths: Iterable[str | PathLike[str]] | str | PathLike[str]) -> list[dict]:
