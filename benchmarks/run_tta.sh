@@ -17,8 +17,12 @@ declare -A size=(
 export OMP_NUM_THREADS=1
 core=${CORE:-0}  # CORE=1 runs a second lane on the other core (it skips what exists, too)
 run() {  # task policy seed
-  local json="$out/$1/$2-seed$3.json"
-  if [ -f "$json" ]; then echo "skip $json"; return; fi
+  # The recorded runs predate layouts ($out/TASK/, read as accel by egeria report); a new
+  # run goes to $out/cpu/TASK/ (the default layout, on the one core taskset leaves it).
+  local json
+  for json in "$out/$1/$2-seed$3.json" "$out/cpu/$1/$2-seed$3.json"; do
+    if [ -f "$json" ]; then echo "skip $json"; return; fi
+  done
   # shellcheck disable=SC2086
   taskset -c "$core" .venv/bin/egeria bench "$1" --policy "$2" --seed "$3" --out "$out" --no-progress ${size[$1]}
 }

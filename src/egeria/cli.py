@@ -64,18 +64,25 @@ def _run_demo(args: argparse.Namespace, command: str) -> int:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from .bench import POLICY_NAMES, TASKS
+    from .bench.layouts import LAYOUTS
 
     p = sub.add_parser(
         "bench",
         help="train one benchmark task under one freezing policy and record it as JSON",
-        description="Trains TASK under POLICY and writes OUT/TASK/POLICY-seedS.json (records of wall time, "
-        "validation metric, frozen modules, FLOPs per step, plasticity) and the trained weights (.pt).",
+        description="Trains TASK under POLICY in LAYOUT and writes OUT/LAYOUT/TASK/POLICY-seedS.json (records of "
+        "wall time, validation metric, frozen modules, FLOPs per step, plasticity) and the trained weights (.pt).",
     )
     p.add_argument("task", choices=sorted(TASKS))
     p.add_argument("--policy", default="egeria", choices=POLICY_NAMES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=None, help="override the task's default number of epochs")
     p.add_argument("--out", default="benchmarks/results/runs", metavar="DIR")
+    p.add_argument(
+        "--layout", default="cpu", choices=LAYOUTS,
+        help="cpu: train on every core this process may use, with as many torch threads, Egeria's controller "
+        "where its config puts it; accel: train on the first of those cores with one thread (standing for an "
+        "accelerator), Egeria's controller in its own process on the others (default: %(default)s)",
+    )
     p.add_argument("--limit", type=int, default=None, help="first N training samples only (quick runs)")
     p.add_argument("--eval-limit", type=int, default=None, help="first N validation samples only")
     p.add_argument("--records-per-epoch", type=int, default=1)
@@ -98,6 +105,7 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         seed=args.seed,
         epochs=args.epochs,
         out_dir=args.out,
+        layout=args.layout,
         limit=args.limit,
         eval_limit=args.eval_limit,
         records_per_epoch=args.records_per_epoch,
@@ -108,7 +116,8 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
     )
     final = result["final"]
     print(
-        f"{args.task} / {args.policy} / seed {args.seed}: {result['metric']['name']} {final['metric']:.4f}, "
+        f"{args.task} / {args.policy} / seed {args.seed} / {args.layout}: {result['metric']['name']} "
+        f"{final['metric']:.4f}, "
         f"{final['wall_time_s']:.1f} s of training, {final['total_flops']:.3g} FLOPs"
     )
     return 0
@@ -133,9 +142,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="turn benchmark runs into tables and plots",
-        description="Reads run JSON files (or directories of them) and writes report.md, report.json and plots.",
+        description="Reads run JSON files (or directories of them) and writes report.md, report.json and plots, "
+        "each task's layouts side by side. A run's layout is the one it recorded; for a run that records none "
+        "(made before layouts): the LAYOUT of a LAYOUT=PATH argument, else the nearest folder on its path named "
+        "cpu, accel, runs-cpu or runs-accel, else accel (those runs trained on one core with one thread).",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("paths", nargs="+", metavar="[LAYOUT=]PATH")
     p.add_argument("--out", default="benchmarks/results", metavar="DIR")
     p.set_defaults(func=_run_report)
 

@@ -9,7 +9,7 @@ train the same way, so they share this one loop instead of spelling it out each:
         for batch in batches():            # data_s: waiting for the batch
             loss = loss_fn(model, batch)   # time_s starts here
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()                # forward and backward: FLOPs counted here
+            loss.backward()                # forward and backward: FLOPs counted here (apart)
             optimizer.step()
             scheduler.step()               # when given
             egeria.step(loss)              # when given; time_s ends here
@@ -33,6 +33,7 @@ from torch import nn
 from .checks import check_int
 
 if TYPE_CHECKING:
+    from .bench.flops import StepFlops
     from .decision import Decision
     from .engine import Egeria
 
@@ -64,6 +65,8 @@ class StepResult:
     flops: float | None
     # Egeria's decisions at this step (empty without Egeria).
     decisions: tuple[Decision, ...]
+    # FLOPs of the step's backward alone (a part of ``flops``); None when not counting.
+    backward_flops: float | None = None
 
 
 def classification_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -80,9 +83,14 @@ def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, batch: 
         The loss (a scalar tensor, still attached to the graph it was computed in).
     """
     value = loss(model, batch)
+    _backward(optimizer, value)
+    return value
+
+
+def _backward(optimizer: torch.optim.Optimizer, value: torch.Tensor) -> None:
+    """Clears the optimizer's old gradients and backpropagates ``value``."""
     optimizer.zero_grad(set_to_none=True)
     value.backward()
-    return value
 
 
 def train(
@@ -110,9 +118,9 @@ def train(
         epochs: passes over the data.
         scheduler: stepped after each optimizer step when given.
         egeria: ``egeria.step(loss)`` after each optimizer (and scheduler) step when given.
-        count_flops: count the FLOPs of the forward and backward with
-            :func:`egeria.bench.flops.count_flops` on the first step and on the first step
-            after each change of ``egeria.frozen``.
+        count_flops: count the FLOPs of the forward and of the backward with
+            :func:`egeria.bench.flops.count_forward_backward` on the first step and on the
+            first step after each change of ``egeria.frozen``.
         on_step: called after each step with its result.
         evaluate: called with the model in eval mode every ``eval_every`` steps and after
             the last step, with the result of the step just done; its time is not counted.
@@ -145,7 +153,7 @@ def train(
         for batch in batches():
             started = time.perf_counter()
             if counter is not None:
-                value, flops = counter.run(lambda: forward_backward(model, optimizer, batch, loss))
+                value, flops = counter.run(lambda: loss(model, batch), lambda v: _backward(optimizer, v))
             else:
                 value, flops = forward_backward(model, optimizer, batch, loss), None
             optimizer.step()
@@ -155,7 +163,8 @@ def train(
             elapsed = time.perf_counter() - started
             train_time += elapsed
             result = StepResult(
-                len(results) + 1, epoch, value.detach().item(), elapsed, started - waiting, train_time, flops, decisions
+                len(results) + 1, epoch, value.detach().item(), elapsed, started - waiting, train_time,
+                None if flops is None else flops.total, decisions, None if flops is None else flops.backward,
             )
             results.append(result)
             if on_step is not None:
@@ -176,15 +185,19 @@ class _FlopCounter:
     def __init__(self, egeria: Egeria | None) -> None:
         self._egeria = egeria
         self._counted_for: tuple[str, ...] | None = None
-        self._flops: float | None = None
+        self._flops: StepFlops | None = None
 
-    def run(self, fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float | None]:
-        from .bench.flops import count_flops
+    def run(
+        self, forward: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], None]
+    ) -> tuple[torch.Tensor, StepFlops | None]:
+        """Runs ``backward(forward())``, counting its FLOPs where the frozen set is new."""
+        from .bench.flops import count_forward_backward
 
         frozen = tuple(self._egeria.frozen) if self._egeria is not None else ()
         if frozen == self._counted_for:
-            return fn(), self._flops
-        holder: list[torch.Tensor] = []
-        self._flops = count_flops(lambda: holder.append(fn()))
+            value = forward()
+            backward(value)
+            return value, self._flops
+        value, self._flops = count_forward_backward(forward, backward)
         self._counted_for = frozen
-        return holder[0], self._flops
+        return value, self._flops

@@ -1,20 +1,26 @@
 """Benchmark report: tables, seed-noise statements and plots from the runner's run files.
 
-The runner writes one JSON file per training run (``<out>/<task>/<policy>-seed<S>.json``,
-``"format": 1``). :func:`load_runs` reads them; :func:`build_report` writes, per task, what
-the paper's section 6 shows:
+:func:`load_runs` (:mod:`egeria.bench.runfiles`) reads the run files, formats 1 and 2,
+each with its layout (``"cpu"`` or ``"accel"``, :mod:`egeria.bench.layouts`).
+:func:`build_report` groups them by task and layout and writes, per task, its layouts side
+by side, with what the paper's section 6 shows:
 
-- a time-to-accuracy table (Table 1): the target is the *final* metric of the plain run
-  (``policy == "none"``, lowest seed); a run's TTA is the ``wall_time_s`` of its first record
-  (or its final evaluation) whose metric reaches the target (``>=``, or ``<=`` where lower is
-  better, e.g. perplexity). Nothing is interpolated: a run that never reaches the target is
-  "not reached". Beside the measured TTA speedup stand the *ideal* speedup (plain total FLOPs /
-  the run's total FLOPs, what the saved computation alone would give) and the efficiency
-  (measured / ideal);
-- whether each policy's final metric differs from the plain run's by less than the
-  seed-to-seed spread of the plain runs (unknown with a single plain seed);
-- metric against wall time (Figure 8), trainable parameter share over steps (Figure 11) and
-  plasticity per module over steps for Egeria runs (Figure 4).
+- a time-to-accuracy table per layout (Table 1). The target is the *worst* final metric
+  among the plain runs (``policy == "none"``) of that task and layout: the lowest accuracy,
+  the highest perplexity, so that every plain seed reaches it (issue 10; until then the
+  target was the final metric of the lowest plain seed, which the other plain seeds might
+  not reach). A run's TTA is the ``wall_time_s`` of its first record (or its final
+  evaluation) whose metric reaches the target (``>=``, or ``<=`` where lower is better);
+  nothing is interpolated: a run that never reaches it is "not reached". The plain TTA is
+  the mean over the plain seeds. Beside the measured TTA speedup (plain TTA / the run's)
+  stand the FLOP-ideal speedup (plain total FLOPs, mean over seeds / the run's total FLOPs,
+  what the saved computation alone would give), the efficiency (measured / ideal) and the
+  run's backward FLOPs against those of the plain runs that recorded them (format-2 runs);
+- whether each policy's final metric differs from the plain seeds' mean by less than the
+  seed-to-seed spread (max - min) of the plain runs (unknown with a single plain seed);
+- one side-by-side table of the layouts' final metrics, TTAs, speedups and efficiencies;
+- figures (:mod:`egeria.bench.plots`): metric against wall time, trainable parameter
+  share and backward FLOPs share over steps, one panel per layout; plasticity per module.
 
 Output: ``report.md``, ``report.json`` and ``<task>-*.png`` in the output directory.
 """
@@ -24,147 +30,30 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable
 from os import PathLike
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ..config import EgeriaConfig
+from .layouts import LAYOUTS
+from .plots import plot_task
+from .runfiles import RUN_FORMAT, check_run, layout_name, load_runs, policy_label
 
-__all__ = ["RUN_FORMAT", "REPORT_FORMAT", "load_runs", "build_report"]
+__all__ = ["RUN_FORMAT", "REPORT_FORMAT", "NOT_REACHED", "load_runs", "build_report"]
 
 logger = logging.getLogger(__name__)
 
-RUN_FORMAT = 1
-"""The run-file format this module reads."""
-
-REPORT_FORMAT = 1
-"""The format of ``report.json`` (key ``report_format``; run files use ``format``)."""
+REPORT_FORMAT = 2
+"""The format of ``report.json`` (key ``report_format``; run files use ``format``). 2: each
+task's numbers are per layout, under ``layouts``."""
 
 NOT_REACHED = "not reached"
 
-_REQUIRED = (
-    "task", "policy", "seed", "metric", "records", "final", "machine",
-)  # fmt: skip
-_REQUIRED_FINAL = ("metric", "wall_time_s", "total_flops")
-
-
-# ---------------------------------------------------------------------------------- loading
-
-
-def load_runs(paths: Iterable[str | PathLike[str]] | str | PathLike[str]) -> list[dict]:
-    """Read run files (format 1) from files and directories.
-
-    A named file must be a format-1 run file. Directories are searched recursively for
-    ``*.json``; JSON files there without a ``format`` key (e.g. an earlier ``report.json``)
-    are skipped, while one with a ``format`` other than 1 is an error (a run this module
-    cannot read). The same file reached twice is read once.
-
-    Args:
-        paths: files and/or directories (a single path is accepted too).
-
-    Returns:
-        The run dicts as stored, each with ``"source"`` (its path) added, ordered by task,
-        policy and seed.
-
-    Raises:
-        ValueError: a path does not exist, a file is not valid JSON or not a format-1 run
-            (naming the file and what is wrong), or no run file was found at all.
-    """
-    if isinstance(paths, (str, PathLike)):
-        paths = [paths]
-    paths = list(paths)
-    if not paths:
-        raise ValueError("load_runs: no paths given")
-    runs: list[dict] = []
-    seen: set[Path] = set()
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            for file in sorted(path.rglob("*.json")):
-                run = _read_json(file)
-                if not isinstance(run, dict) or "format" not in run:
-                    logger.debug("skipping %s: not a run file (no 'format' key)", file)
-                    continue
-                _add_run(runs, seen, file, run)
-        elif path.is_file():
-            _add_run(runs, seen, path, _read_json(path))
-        else:
-            raise ValueError(f"load_runs: {str(path)!r} is neither a file nor a directory")
-    if not runs:
-        raise ValueError(
-            f"load_runs: no run files (JSON with \"format\": {RUN_FORMAT}) found in "
-            + ", ".join(repr(str(p)) for p in paths)
-        )
-    runs.sort(key=lambda r: (str(r["task"]), str(r["policy"]), r["seed"]))
-    return runs
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-
-
-def _add_run(runs: list[dict], seen: set[Path], path: Path, run: Any) -> None:
-    key = path.resolve()
-    if key in seen:
-        return
-    seen.add(key)
-    _check_run(run, str(path))
-    runs.append({**run, "source": str(path)})
-
-
-def _check_run(run: Any, where: str) -> None:
-    """Raise ValueError unless ``run`` has the format-1 fields this module reads."""
-    if not isinstance(run, dict):
-        raise ValueError(f"{where}: a run must be a JSON object, got {type(run).__name__}")
-    if run.get("format") != RUN_FORMAT:
-        raise ValueError(
-            f"{where}: not an egeria run file of format {RUN_FORMAT} (format={run.get('format')!r})"
-        )
-    missing = [k for k in _REQUIRED if k not in run]
-    if missing:
-        raise ValueError(f"{where}: run file lacks {', '.join(missing)}")
-    if not isinstance(run["final"], dict) or any(k not in run["final"] for k in _REQUIRED_FINAL):
-        raise ValueError(f"{where}: 'final' must hold {', '.join(_REQUIRED_FINAL)}")
-    for key in _REQUIRED_FINAL:
-        value = run["final"][key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where}: final.{key} must be a number, got {value!r}")
-    metric = run["metric"]
-    if not isinstance(metric, dict) or "name" not in metric or "higher_is_better" not in metric:
-        raise ValueError(f"{where}: 'metric' must hold name and higher_is_better, got {metric!r}")
-    if not isinstance(run["records"], list):
-        raise ValueError(f"{where}: 'records' must be a list")
+# Fields of a run's ``machine`` that describe the process (its pinning), not the machine:
+# the layout records them, so runs of two layouts on one machine count as one machine.
+_PROCESS_FIELDS = ("usable_cores", "torch_threads")
 
 
 # ------------------------------------------------------------------------------- the numbers
-
-
-def _label(run: dict) -> str:
-    """The policy as shown: its name, with its options where it has any, and the config
-    fields the run changed from the defaults (``egeria bench --set``) in brackets."""
-    label = str(run["policy"])
-    options = run.get("policy_options") or {}
-    if options:
-        label += "(" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
-    changed = _changed_fields(run.get("config") or {})
-    if changed:
-        label += "[" + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) + "]"
-    return label
-
-
-def _changed_fields(config: dict) -> dict:
-    """Fields of a recorded config that differ from today's defaults (the policy aside);
-    fields it does not record are left out."""
-    defaults = EgeriaConfig().to_dict()
-    return {
-        k: v for k, v in config.items()
-        if k in defaults and k not in ("policy", "policy_options") and v != defaults[k]
-    }
 
 
 def _reaches(value: float | None, target: float, higher_is_better: bool) -> bool:
@@ -195,8 +84,19 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
-def _machine_key(machine: Any) -> str:
-    return json.dumps(machine, sort_keys=True)
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _machine(run: dict) -> Any:
+    machine = run["machine"]
+    if isinstance(machine, dict):
+        return {k: v for k, v in machine.items() if k not in _PROCESS_FIELDS}
+    return machine
+
+
+def _machine_key(run: dict) -> str:
+    return json.dumps(_machine(run), sort_keys=True)
 
 
 def _machine_line(machine: Any) -> str:
@@ -208,36 +108,58 @@ def _machine_line(machine: Any) -> str:
     return ", ".join(f"{k}: {machine[k]}" for k in keys)
 
 
-def _task_report(task: str, runs: list[dict]) -> dict:
-    """The numbers of one task (no files written)."""
-    metrics = {(r["metric"]["name"], bool(r["metric"]["higher_is_better"])) for r in runs}
-    if len(metrics) != 1:
-        raise ValueError(f"task {task!r}: runs disagree on the metric: {sorted(metrics)}")
-    (metric_name, higher), = metrics
+def _placement(run: dict) -> str:
+    """How the run was placed on the machine, in words."""
+    layout = run.get("layout") or {}
+    if "train_cpus" in layout:
+        controller = layout.get("controller_cpus")
+        where = f"controller process on cores {controller}" if controller else "controller where the config put it"
+        return (
+            f"trained on cores {layout['train_cpus']} with {layout['torch_threads']} torch thread(s); "
+            f"Egeria's {where}"
+        )
+    machine = run["machine"] if isinstance(run["machine"], dict) else {}
+    inferred = layout.get("inferred_from", "default")
+    return (
+        f"not recorded (layout from the {inferred}); the process could use {machine.get('usable_cores', '?')} "
+        f"core(s) with {machine.get('torch_threads', '?')} torch thread(s)"
+    )
+
+
+def _ordered(runs: list[dict]) -> list[dict]:
+    return sorted(runs, key=lambda r: (r["policy"] != "none", policy_label(r), r["seed"]))
+
+
+def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> dict:
+    """The numbers of one task in one layout (no files written)."""
     seen: dict[tuple[str, Any], str] = {}
     for r in runs:
-        key = (_label(r), r["seed"])
+        key = (policy_label(r), r["seed"])
         if key in seen:
             raise ValueError(
-                f"task {task!r}: two runs of policy {key[0]!r} seed {key[1]!r}: "
+                f"task {task!r}, layout {layout!r}: two runs of policy {key[0]!r} seed {key[1]!r}: "
                 f"{seen[key]} and {r.get('source', '?')}"
             )
         seen[key] = r.get("source", "?")
 
     plain = sorted((r for r in runs if r["policy"] == "none"), key=lambda r: r["seed"])
-    ref = plain[0] if plain else None
-    target = float(ref["final"]["metric"]) if ref else None
-    ref_tta = _time_to_target(ref, target, higher) if ref else None
-    ref_flops = float(ref["final"]["total_flops"]) if ref else None
+    finals = [float(r["final"]["metric"]) for r in plain]
+    target = (min(finals) if higher else max(finals)) if plain else None
+    target_seed = plain[finals.index(target)]["seed"] if plain else None
+    plain_ttas = [t[0] for t in (_time_to_target(r, target, higher) for r in plain) if t is not None]
+    ref_tta = _mean(plain_ttas) if plain_ttas and len(plain_ttas) == len(plain) else None
+    ref_flops = _mean([float(r["final"]["total_flops"]) for r in plain])
+    ref_backward = _mean([float(b) for r in plain if (b := r["final"].get("total_backward_flops")) is not None])
+    plain_mean = _mean(finals)
 
-    ordered = sorted(runs, key=lambda r: (r["policy"] != "none", _label(r), r["seed"]))
     rows = []
-    for r in ordered:
-        tta = _time_to_target(r, target, higher) if ref else None
-        speedup = _ratio(ref_tta[0], tta[0]) if (ref_tta and tta) else None
-        ideal = _ratio(ref_flops, float(r["final"]["total_flops"])) if ref else None
+    for r in _ordered(runs):
+        tta = _time_to_target(r, target, higher) if target is not None else None
+        speedup = _ratio(ref_tta, tta[0]) if (ref_tta is not None and tta) else None
+        ideal = _ratio(ref_flops, float(r["final"]["total_flops"]))
         rows.append({
-            "policy": _label(r),
+            "policy": policy_label(r),
+            "plain": r["policy"] == "none",
             "seed": r["seed"],
             "final_metric": r["final"]["metric"],
             "wall_time_s": r["final"]["wall_time_s"],
@@ -248,122 +170,57 @@ def _task_report(task: str, runs: list[dict]) -> dict:
             "tta_speedup": speedup,
             "ideal_speedup": ideal,
             "efficiency": _ratio(speedup, ideal),
+            "backward_flops_vs_plain": _ratio(r["final"].get("total_backward_flops"), ref_backward),
             "source": r.get("source"),
         })
 
-    # Seed noise: the spread of the plain runs' final metrics (max - min; with two seeds,
-    # the difference of the two).
-    finals = [float(r["final"]["metric"]) for r in plain]
+    # Seed noise: the spread of the plain runs' final metrics (max - min), against each
+    # other run's distance from the plain runs' mean final.
     spread = (max(finals) - min(finals)) if len(finals) >= 2 else None
     noise = []
     for row in rows:
-        if row["policy"] == "none":
+        if row["plain"]:
             continue
-        diff = abs(float(row["final_metric"]) - target) if target is not None else None
+        diff = abs(float(row["final_metric"]) - plain_mean) if plain_mean is not None else None
         within = (diff < spread) if (diff is not None and spread is not None) else None
         noise.append({"policy": row["policy"], "seed": row["seed"], "abs_diff": diff, "within_noise": within})
 
-    machines = {_machine_key(r["machine"]) for r in runs}
     return {
-        "task": task,
-        "metric": {"name": metric_name, "higher_is_better": higher},
+        "layout": layout,
+        "placements": sorted({_placement(r) for r in runs}),
         "target": target,
-        "reference": {"policy": "none", "seed": ref["seed"], "source": ref.get("source")} if ref else None,
+        "reference": {
+            "policy": "none",
+            "target_seed": target_seed,
+            "seeds": [r["seed"] for r in plain],
+            "mean_final": plain_mean,
+            "tta_s": ref_tta,
+            "total_flops": ref_flops,
+            "total_backward_flops": ref_backward,
+        } if plain else None,
         "rows": rows,
         "seed_spread": spread,
         "plain_seeds": [r["seed"] for r in plain],
         "seed_noise": noise,
-        "same_machine": len(machines) == 1,
-        "commands": [r["command"] for r in ordered if r.get("command")],
-        "plots": {},
+        "same_machine": len({_machine_key(r) for r in runs}) == 1,
+        "commands": [r["command"] for r in _ordered(runs) if r.get("command")],
     }
 
 
-# ------------------------------------------------------------------------------------ plots
-
-
-def _new_figure(nrows: int = 1, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.5, height * nrows))
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _plot_records(ax: Any, runs: list[dict], x: str, y: Callable[[dict], float | None], **style: Any) -> None:
-    """One line per run through its records' (``rec[x]``, ``y(rec)``) points."""
-    for r in runs:
-        pts = [(rec[x], y(rec)) for rec in r["records"] if rec.get(x) is not None and y(rec) is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, label=f"{_label(r)} seed {r['seed']}", **style)
-
-
-def _trainable_percent(rec: dict) -> float | None:
-    share = rec.get("trainable_share")
-    return None if share is None else 100.0 * share
-
-
-def _save(fig: Any, out: Path, name: str) -> str:
-    fig.savefig(out / name, dpi=110, bbox_inches="tight")
-    return name
-
-
-def _plot_task(task: str, runs: list[dict], data: dict, out: Path) -> dict[str, str]:
-    """Write the task's PNGs (lazy matplotlib, Agg canvas; no pyplot state); return names."""
-    files: dict[str, str] = {}
-    ordered = sorted(runs, key=lambda r: (r["policy"] != "none", _label(r), r["seed"]))
-
-    # Figure 8: metric against wall time, with the target dotted.
-    fig = _new_figure()
-    ax = fig.add_subplot(1, 1, 1)
-    _plot_records(ax, ordered, "wall_time_s", lambda rec: rec.get("metric"), marker=".")
-    if data["target"] is not None:
-        ax.axhline(data["target"], linestyle=":", color="black", label="target")
-    ax.set_xlabel("training wall time (s)")
-    ax.set_ylabel(data["metric"]["name"])
-    ax.set_title(f"{task}: {data['metric']['name']} vs wall time")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    files["metric_vs_time"] = _save(fig, out, f"{task}-metric-vs-time.png")
-
-    # Figure 11: share of parameters trainable over steps.
-    fig = _new_figure()
-    ax = fig.add_subplot(1, 1, 1)
-    _plot_records(ax, ordered, "step", _trainable_percent, drawstyle="steps-post")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("trainable parameters (%)")
-    ax.set_ylim(0, 105)
-    ax.set_title(f"{task}: trainable parameter share")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    files["trainable_share"] = _save(fig, out, f"{task}-trainable-share.png")
-
-    # Figure 4: plasticity per module, log scale, one panel per run that has readings.
-    with_plasticity = [r for r in ordered if r.get("plasticity")]
-    if with_plasticity:
-        fig = _new_figure(len(with_plasticity), height=3.5)
-        for i, r in enumerate(with_plasticity):
-            ax = fig.add_subplot(len(with_plasticity), 1, i + 1)
-            by_module: dict[str, list[tuple[int, float]]] = {}
-            for p in r["plasticity"]:
-                value = p.get("plasticity")
-                if value is not None and value > 0:  # a log axis cannot show 0
-                    by_module.setdefault(p["module"], []).append((p["step"], value))
-            modules = r.get("modules") or []
-            for module in sorted(by_module, key=lambda m: (modules.index(m) if m in modules else len(modules), m)):
-                xs, ys = zip(*by_module[module])
-                ax.plot(xs, ys, label=module)
-            ax.set_yscale("log")
-            ax.set_xlabel("training step")
-            ax.set_ylabel("plasticity")
-            ax.set_title(f"{task}: plasticity, {_label(r)} seed {r['seed']}")
-            if by_module:
-                ax.legend(fontsize="x-small", ncol=2)
-            ax.grid(alpha=0.3, which="both")
-        files["plasticity"] = _save(fig, out, f"{task}-plasticity.png")
-    return files
+def _task_report(task: str, groups: dict[str, list[dict]]) -> dict:
+    """The numbers of one task, per layout."""
+    runs = [r for group in groups.values() for r in group]
+    metrics = {(r["metric"]["name"], bool(r["metric"]["higher_is_better"])) for r in runs}
+    if len(metrics) != 1:
+        raise ValueError(f"task {task!r}: runs disagree on the metric: {sorted(metrics)}")
+    (metric_name, higher), = metrics
+    return {
+        "task": task,
+        "metric": {"name": metric_name, "higher_is_better": higher},
+        "layouts": {layout: _layout_report(task, layout, group, higher) for layout, group in groups.items()},
+        "same_machine": len({_machine_key(r) for r in runs}) == 1,
+        "plots": {},
+    }
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -381,30 +238,61 @@ def _fmt_ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def _table(data: dict) -> list[str]:
-    m = data["metric"]["name"]
+def _fmt_tta(data: dict, row: dict | None) -> str:
+    if row is None:
+        return ""
+    if data["target"] is None:
+        return "no target"
+    return f"{row['tta_s']:.1f}" if row["reached"] else NOT_REACHED
+
+
+def _table(data: dict, metric: str) -> list[str]:
     lines = [
-        f"| policy | seed | final {m} | wall time (s) | TTA (s) | TTA speedup | ideal speedup | efficiency |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| policy | seed | final {metric} | wall time (s) | TTA (s) | TTA speedup | FLOP-ideal speedup | efficiency "
+        "| backward FLOPs vs plain |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in data["rows"]:
-        if data["target"] is None:
-            tta = "no target"
-        elif row["reached"]:
-            tta = f"{row['tta_s']:.1f}"
-        else:
-            tta = NOT_REACHED
         lines.append(
             f"| {row['policy']} | {row['seed']} | {_fmt_metric(row['final_metric'])} | {row['wall_time_s']:.1f} "
-            f"| {tta} | {_fmt_ratio(row['tta_speedup'])} | {_fmt_ratio(row['ideal_speedup'])} "
-            f"| {_fmt_float(row['efficiency'])} |"
+            f"| {_fmt_tta(data, row)} | {_fmt_ratio(row['tta_speedup'])} | {_fmt_ratio(row['ideal_speedup'])} "
+            f"| {_fmt_float(row['efficiency'])} | {_fmt_float(row['backward_flops_vs_plain'])} |"
         )
     return lines
 
 
-def _noise_sentences(data: dict) -> list[str]:
+def _side_by_side(task_data: dict) -> list[str]:
+    """One row per (policy, seed), each layout's final metric, TTA and speedups beside."""
+    layouts = list(task_data["layouts"])
+    metric = task_data["metric"]["name"]
+    head = "| policy | seed |" + "".join(
+        f" {lay}: final {metric} | {lay}: TTA (s) | {lay}: TTA speedup | {lay}: FLOP-ideal | {lay}: efficiency |"
+        for lay in layouts
+    )
+    lines = [head, "|---|---:|" + "---:|" * (5 * len(layouts))]
+    keys: dict[tuple[str, Any], bool] = {}
+    for lay in layouts:
+        for row in task_data["layouts"][lay]["rows"]:
+            keys[row["policy"], row["seed"]] = row["plain"]
+    for policy, seed in sorted(keys, key=lambda k: (not keys[k], k[0], str(k[1]))):
+        line = f"| {policy} | {seed} |"
+        for lay in layouts:
+            data = task_data["layouts"][lay]
+            row = next((r for r in data["rows"] if (r["policy"], r["seed"]) == (policy, seed)), None)
+            if row is None:
+                line += " - | - | - | - | - |"
+                continue
+            line += (
+                f" {_fmt_metric(row['final_metric'])} | {_fmt_tta(data, row)} | {_fmt_ratio(row['tta_speedup'])} "
+                f"| {_fmt_ratio(row['ideal_speedup'])} | {_fmt_float(row['efficiency'])} |"
+            )
+        lines.append(line)
+    return lines
+
+
+def _noise_sentences(data: dict, metric: str) -> list[str]:
     if data["target"] is None:
-        return ["No plain run (`none`) for this task: no target, so neither TTA nor seed noise can be judged."]
+        return ["No plain run (`none`) in this layout: no target, so neither TTA nor seed noise can be judged."]
     spread = data["seed_spread"]
     if spread is None:
         out = [
@@ -415,14 +303,57 @@ def _noise_sentences(data: dict) -> list[str]:
             out.append(f"- {n['policy']} seed {n['seed']}: |final - plain final| = {_fmt_metric(n['abs_diff'])}.")
         return out
     seeds = ", ".join(str(s) for s in data["plain_seeds"])
-    out = [f"Seed-to-seed spread of the plain runs (seeds {seeds}): {_fmt_metric(spread)} ({data['metric']['name']})."]
+    out = [f"Seed-to-seed spread of the plain runs (seeds {seeds}): {_fmt_metric(spread)} ({metric})."]
     for n in data["seed_noise"]:
-        head = f"- {n['policy']} seed {n['seed']}: |final - plain final| = {_fmt_metric(n['abs_diff'])}"
+        head = f"- {n['policy']} seed {n['seed']}: |final - plain mean final| = {_fmt_metric(n['abs_diff'])}"
         if n["within_noise"]:
             out.append(f"{head} < spread {_fmt_metric(spread)}: the difference is within seed noise.")
         else:
             out.append(f"{head} >= spread {_fmt_metric(spread)}: the difference is larger than seed noise.")
     return out
+
+
+def _layout_section(task_data: dict, data: dict) -> list[str]:
+    metric = task_data["metric"]["name"]
+    lines = [f"### Layout {data['layout']}", ""]
+    lines += [f"Placement: {p}." for p in data["placements"]] + [""]
+    if data["target"] is not None:
+        op = ">=" if task_data["metric"]["higher_is_better"] else "<="
+        ref = data["reference"]
+        lines += [
+            f"Target: {metric} {op} {_fmt_metric(data['target'])} (the worst final metric of the plain seeds "
+            f"{', '.join(map(str, ref['seeds']))}: seed {ref['target_seed']}'s). Plain TTA, mean over those seeds: "
+            f"{_fmt_float(ref['tta_s'])} s.",
+            "",
+        ]
+    if not data["same_machine"]:
+        lines += ["**The runs of this layout come from different machines: compare their times with care.**", ""]
+    lines += _table(data, metric)
+    lines += [""] + _noise_sentences(data, metric)
+    return lines
+
+
+_LAYOUT_WORDS = (
+    "Layouts: **cpu**, training on every core the process may use with as many torch threads, Egeria's "
+    "controller where its config puts it (by default inline, between steps); **accel** (the paper's "
+    "setting), training on one core with one torch thread, standing for an accelerator, and Egeria's "
+    "controller in its own process on the other cores, standing for the host's idle CPU. Runs that "
+    "record no layout (made before layouts, format 1) count as the layout a `LAYOUT=PATH` argument or a "
+    "`cpu`/`accel`/`runs-cpu`/`runs-accel` folder on their path names, else as accel: they trained "
+    "pinned to one core with one torch thread (`taskset`, `OMP_NUM_THREADS=1`), their controller on "
+    "that same core."
+)
+
+_TTA_WORDS = (
+    "TTA: training wall time (evaluation excluded) of the first evaluation whose metric reaches the "
+    "target; nothing is interpolated. Target, per task and layout: the *worst* final metric of the plain "
+    "(`none`) seeds (the lowest accuracy, the highest perplexity), which every plain seed reaches; earlier "
+    "reports took the final metric of the lowest plain seed. TTA speedup: the plain seeds' mean TTA / the "
+    "run's. FLOP-ideal speedup: the plain seeds' mean total FLOPs / the run's total FLOPs. Efficiency: TTA "
+    "speedup / FLOP-ideal speedup. Backward FLOPs vs plain: the run's total backward FLOPs / the mean "
+    "of the plain seeds that recorded theirs (format-2 runs only). Seed noise: a run's distance from the "
+    "plain seeds' mean final metric against their spread (max - min)."
+)
 
 
 def _markdown(tasks: dict[str, dict], machines: list[dict]) -> str:
@@ -436,31 +367,21 @@ def _markdown(tasks: dict[str, dict], machines: list[dict]) -> str:
         )
         for m in machines:
             lines.append(f"- {_machine_line(m['machine'])} ({len(m['runs'])} runs: {', '.join(m['runs'])})")
-    lines += [
-        "",
-        "TTA: training wall time (evaluation excluded) of the first evaluation whose metric reaches the "
-        "target, the final metric of the plain run (`none`, lowest seed); nothing is interpolated. "
-        "Ideal speedup: plain total FLOPs / the run's total FLOPs. Efficiency: TTA speedup / ideal speedup.",
-    ]
-    for task, data in tasks.items():
+    lines += ["", _LAYOUT_WORDS, "", _TTA_WORDS]
+    for task, task_data in tasks.items():
         lines += ["", f"## {task}", ""]
-        if data["target"] is not None:
-            op = ">=" if data["metric"]["higher_is_better"] else "<="
-            lines.append(
-                f"Target: {data['metric']['name']} {op} {_fmt_metric(data['target'])} "
-                f"(final metric of `none` seed {data['reference']['seed']})."
-            )
-            lines.append("")
-        if not data["same_machine"]:
+        if not task_data["same_machine"]:
             lines += ["**The runs of this task come from different machines: compare their times with care.**", ""]
-        lines += _table(data)
-        lines += [""] + _noise_sentences(data)
-        if data["plots"]:
+        lines += ["Layouts side by side:", ""] + _side_by_side(task_data)
+        for data in task_data["layouts"].values():
+            lines += [""] + _layout_section(task_data, data)
+        if task_data["plots"]:
             lines.append("")
-            for key, name in data["plots"].items():
+            for key, name in task_data["plots"].items():
                 lines.append(f"![{task} {key.replace('_', ' ')}]({name})")
-        if data["commands"]:
-            lines += ["", "Commands:", "", "```"] + data["commands"] + ["```"]
+        commands = [c for data in task_data["layouts"].values() for c in data["commands"]]
+        if commands:
+            lines += ["", "Commands:", "", "```"] + commands + ["```"]
     return "\n".join(lines) + "\n"
 
 
@@ -468,44 +389,51 @@ def build_report(runs: list[dict], out_dir: str | PathLike[str], *, plots: bool 
     """Write ``report.md``, ``report.json`` and per-task PNGs into ``out_dir``.
 
     Args:
-        runs: run dicts of format 1, as :func:`load_runs` returns them.
+        runs: run dicts, as :func:`load_runs` returns them (a run without a ``layout``
+            counts as ``"accel"``).
         out_dir: the output directory (created if missing).
         plots: draw the PNGs (needs matplotlib); without, only the text reports.
 
     Returns:
         The content of ``report.json``: ``report_format``, ``machines`` (each distinct
-        machine and its runs) and ``tasks``, per task: ``metric``, ``target``, ``reference``,
-        ``rows`` (policy, seed, final_metric, wall_time_s, total_flops, reached, tta_s,
-        tta_step, tta_speedup, ideal_speedup, efficiency, source; None where a number does
-        not exist), ``seed_spread``, ``plain_seeds``, ``seed_noise`` (policy, seed, abs_diff,
-        within_noise), ``same_machine``, ``commands`` and ``plots`` (PNG file names).
+        machine, its process fields aside, and its runs) and ``tasks``, per task:
+        ``metric``, ``same_machine``, ``plots`` (PNG file names) and ``layouts``, per layout
+        (in the order of :data:`~egeria.bench.layouts.LAYOUTS`): ``layout``,
+        ``placements``, ``target``, ``reference`` (target_seed, seeds, mean_final, tta_s,
+        total_flops, total_backward_flops), ``rows`` (policy, plain, seed,
+        final_metric, wall_time_s, total_flops, reached, tta_s, tta_step, tta_speedup, ideal_speedup,
+        efficiency, backward_flops_vs_plain, source; None where a number does not exist),
+        ``seed_spread``, ``plain_seeds``, ``seed_noise`` (policy, seed, abs_diff,
+        within_noise), ``same_machine`` and ``commands``.
 
     Raises:
-        ValueError: no runs, a run that is not format 1, runs of one task that disagree on
-            the metric, or two runs of the same task, policy and seed.
+        ValueError: no runs, a run of a format this module does not read, runs of one task
+            that disagree on the metric, or two runs of the same task, layout, policy and
+            seed.
     """
     runs = list(runs)
     if not runs:
         raise ValueError("build_report: no runs")
     for i, r in enumerate(runs):
-        _check_run(r, r.get("source", f"run {i}") if isinstance(r, dict) else f"run {i}")
+        check_run(r, r.get("source", f"run {i}") if isinstance(r, dict) else f"run {i}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    by_task: dict[str, list[dict]] = {}
-    for r in runs:
-        by_task.setdefault(str(r["task"]), []).append(r)
+    by_task: dict[str, dict[str, list[dict]]] = {}
+    for r in sorted(runs, key=lambda r: LAYOUTS.index(layout_name(r))):
+        by_task.setdefault(str(r["task"]), {}).setdefault(layout_name(r), []).append(r)
     tasks = {}
     for task in sorted(by_task):
         data = _task_report(task, by_task[task])
         if plots:
-            data["plots"] = _plot_task(task, by_task[task], data, out)
+            groups = {layout: _ordered(group) for layout, group in by_task[task].items()}
+            data["plots"] = plot_task(task, groups, data, out)
         tasks[task] = data
 
     machines: dict[str, dict] = {}
     for r in runs:
-        entry = machines.setdefault(_machine_key(r["machine"]), {"machine": r["machine"], "runs": []})
-        entry["runs"].append(f"{r['task']}/{_label(r)}-seed{r['seed']}")
+        entry = machines.setdefault(_machine_key(r), {"machine": _machine(r), "runs": []})
+        entry["runs"].append(f"{layout_name(r)}/{r['task']}/{policy_label(r)}-seed{r['seed']}")
     report = {"report_format": REPORT_FORMAT, "machines": list(machines.values()), "tasks": tasks}
 
     (out / "report.md").write_text(_markdown(tasks, report["machines"]), encoding="utf-8")

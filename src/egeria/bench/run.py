@@ -1,10 +1,15 @@
 """One benchmark run: a task trained under one freezing policy, recorded into one JSON.
 
+A run trains in one of two layouts (:mod:`egeria.bench.layouts`): ``"cpu"``, on every core
+the process may use, or ``"accel"``, on one core with one thread beside Egeria's controller
+process on the other cores. The run pins itself for its length and records the layout.
+
 At a fixed cadence it records training wall time (evaluation excluded), the validation
 metric, the frozen modules, the trainable share of parameters and the FLOPs one training
-step executes with the current frozen set (counted by ``torch.utils.flop_counter`` on the
-first step after every change of the frozen set). Egeria's plasticity readings and every
-freeze/unfreeze event go in too. The schema is documented in ``egeria.bench.report``.
+step executes with the current frozen set, the backward's apart (counted by
+``torch.utils.flop_counter`` on the first step after every change of the frozen set).
+Egeria's plasticity readings and every freeze/unfreeze event go in too. The schema is
+documented in ``egeria.bench.report``.
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..harness import StepResult, train
 from ..machine import describe_machine
+from .flops import share
+from .layouts import pinned, resolve_layout
 from .tasks import Task, build_task
 
 __all__ = ["run_bench", "POLICY_NAMES", "FORMAT"]
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+"""The run-file format written: 2 added ``layout`` and the backward FLOPs (format 1 had
+neither; :mod:`egeria.bench.report` reads both)."""
 POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "none")
 
 
@@ -39,6 +48,7 @@ def run_bench(
     seed: int = 0,
     epochs: int | None = None,
     out_dir: str | Path = "benchmarks/results/runs",
+    layout: str = "cpu",
     limit: int | None = None,
     eval_limit: int | None = None,
     records_per_epoch: int = 1,
@@ -48,18 +58,24 @@ def run_bench(
     command: str | None = None,
     progress: bool = False,
 ) -> dict:
-    """Trains ``task_name`` under ``policy`` and writes ``<out_dir>/<task>/<policy>-seed<seed>.json``.
+    """Trains ``task_name`` under ``policy`` in ``layout`` and writes
+    ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json``.
 
     The trained weights go next to it as ``.pt`` (the fine-tuning task starts from the
-    ``resnet-fmnist`` weights of the plain run).
+    ``resnet-fmnist`` weights of the plain run). The process is pinned to the layout's
+    training cores and torch threads for the run and restored after.
 
     Args:
         policy: one of :data:`POLICY_NAMES`.
         epochs: override the task's default number of epochs.
+        out_dir: the runs' root folder.
+        layout: ``"cpu"`` or ``"accel"`` (:func:`egeria.bench.layouts.resolve_layout`);
+            under ``"accel"`` Egeria's config gets ``executor="process"`` and the
+            controller's cores (``overrides`` still win).
         limit, eval_limit: first samples of the training / validation data only.
         records_per_epoch: records (with an evaluation) per epoch.
         init: checkpoint to start from (``finetune-mnist``); by default the plain
-            ``resnet-fmnist`` run's weights in ``out_dir``.
+            ``resnet-fmnist`` run's weights in ``out_dir/layout``.
         config: Egeria's config for ``policy="egeria"`` (default: the paper's defaults).
         overrides: config fields to change from the defaults (or from ``config``), e.g.
             ``{"eval_interval": 20}``; an unknown field raises ``ValueError``.
@@ -67,13 +83,44 @@ def run_bench(
 
     Returns:
         The recorded run (also written as JSON).
+
+    Raises:
+        ValueError: an unknown task, policy or layout, too few cores for the layout, a bad
+            ``records_per_epoch`` or override, or a missing fine-tuning checkpoint.
     """
     if policy not in POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {list(POLICY_NAMES)}")
     check_int(records_per_epoch, "records_per_epoch")
-    out = Path(out_dir)
+    place = resolve_layout(layout)
+    out = Path(out_dir) / layout
     if task_name == "finetune-mnist" and init is None:
         init = out / "resnet-fmnist" / "none-seed0.pt"
+    with pinned(place):
+        return _run(
+            task_name, policy, seed=seed, epochs=epochs, out=out, layout=place.to_dict(), limit=limit,
+            eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, config=config,
+            overrides={**place.config_overrides(policy), **(overrides or {})}, command=command, progress=progress,
+        )
+
+
+def _run(
+    task_name: str,
+    policy: str,
+    *,
+    seed: int,
+    epochs: int | None,
+    out: Path,
+    layout: dict,
+    limit: int | None,
+    eval_limit: int | None,
+    records_per_epoch: int,
+    init: str | Path | None,
+    config: EgeriaConfig | None,
+    overrides: Mapping[str, Any],
+    command: str | None,
+    progress: bool,
+) -> dict:
+    """:func:`run_bench` inside its layout: trains and writes ``out/<task>/<policy>-seed<S>.json``."""
     task, epochs = build_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
     total_steps = task.steps_per_epoch * epochs
     if policy == "egeria":
@@ -92,8 +139,9 @@ def run_bench(
         "policy_options": dict(cfg.policy_options),
         "seed": seed,
         "epochs": epochs,
-        "command": command or f"egeria bench {task_name} --policy {policy} --seed {seed}",
+        "command": command or f"egeria bench {task_name} --policy {policy} --seed {seed} --layout {layout['name']}",
         "machine": describe_machine(),
+        "layout": layout,
         "config": cfg.to_dict(),
         "metric": {"name": task.metric, "higher_is_better": task.higher_is_better},
         "steps_per_epoch": task.steps_per_epoch,
@@ -103,14 +151,17 @@ def run_bench(
     }
     records: list[dict] = []
     losses: list[float] = []
+    first: list[StepResult] = []  # the first step: nothing frozen yet
     bar = _progress(total_steps, f"{task_name}/{policy}", progress)
 
     def on_step(result: StepResult) -> None:
+        if not first:
+            first.append(result)
         losses.append(result.loss)
         bar.update(1)
 
     def record(result: StepResult) -> None:
-        records.append(_record(eg, task, result, losses))
+        records.append(_record(eg, task, result, losses, first[0].backward_flops))
         losses.clear()
 
     try:
@@ -122,6 +173,7 @@ def run_bench(
         bar.close()
     wall = steps[-1].train_time_s
     total_flops = sum(r.flops or 0.0 for r in steps)
+    total_backward = sum(r.backward_flops or 0.0 for r in steps)
     partition = eg.partition
     total_params = sum(m.num_params for m in partition.modules)
     result.update(
@@ -133,7 +185,12 @@ def run_bench(
             "events": [d.to_dict() for d in eg.events],
             "plasticity": eg.history,
             "controller": eg.controller_stats,
-            "final": {"metric": records[-1]["metric"], "wall_time_s": wall, "total_flops": total_flops},
+            "final": {
+                "metric": records[-1]["metric"],
+                "wall_time_s": wall,
+                "total_flops": total_flops,
+                "total_backward_flops": total_backward,
+            },
         }
     )
     eg.close()
@@ -145,9 +202,10 @@ def run_bench(
     return result
 
 
-def _record(eg: Egeria, task: Task, result: StepResult, losses: list[float]) -> dict:
+def _record(eg: Egeria, task: Task, result: StepResult, losses: list[float], first_backward: float | None) -> dict:
     """One record after ``result``'s step (the model is in eval mode); ``losses``: the
-    training losses since the previous record."""
+    training losses since the previous record; ``first_backward``: the backward FLOPs of
+    the first step, with nothing frozen."""
     metric = float(task.evaluate(task.model))
     partition = eg.partition
     frozen = set(eg.frozen)
@@ -163,6 +221,8 @@ def _record(eg: Egeria, task: Task, result: StepResult, losses: list[float]) -> 
         "frozen": list(eg.frozen),
         "trainable_share": trainable / total if total else 1.0,
         "flops_per_step": result.flops,
+        "backward_flops_per_step": result.backward_flops,
+        "backward_share": share(result.backward_flops, first_backward),
     }
 
 

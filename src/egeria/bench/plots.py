@@ -1,0 +1,148 @@
+"""The report's figures, one PNG each per task, its layouts side by side (one panel each).
+
+- metric against training wall time, the target dotted (paper Figure 8);
+- the share of parameters still trainable over steps (Figure 11);
+- the share of the backward pass's FLOPs still computed over steps, against the first
+  step with nothing frozen: a CNN's front holds few of its parameters but many of its
+  FLOPs, so this share falls further than the parameters' one when the front freezes;
+- plasticity per module over steps, one panel per Egeria run (Figure 4).
+
+matplotlib is imported lazily and drawn on Agg canvases, without pyplot state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .runfiles import layout_name, policy_label
+
+__all__ = ["plot_task"]
+
+
+def _run_label(run: dict) -> str:
+    return f"{policy_label(run)} seed {run['seed']}"
+
+
+def _new_figure(nrows: int, ncols: int, height: float = 4.0) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5 * ncols, height * nrows))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _lines(ax: Any, runs: list[dict], x: str, y: Callable[[dict], float | None], **style: Any) -> int:
+    """One line per run through its records' (``rec[x]``, ``y(rec)``) points; the number drawn."""
+    drawn = 0
+    for r in runs:
+        pts = [(rec[x], y(rec)) for rec in r["records"] if rec.get(x) is not None and y(rec) is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, label=_run_label(r), **style)
+            drawn += 1
+    return drawn
+
+
+def _percent(key: str) -> Callable[[dict], float | None]:
+    def value(rec: dict) -> float | None:
+        share = rec.get(key)
+        return None if share is None else 100.0 * share
+
+    return value
+
+
+def _save(fig: Any, out: Path, name: str) -> str:
+    fig.savefig(out / name, dpi=110, bbox_inches="tight")
+    return name
+
+
+def _by_layout(
+    groups: dict[str, list[dict]],
+    draw: Callable[[Any, str, list[dict]], int],
+    out: Path,
+    name: str,
+) -> str | None:
+    """One panel per layout side by side; the file's name, or None where no panel drew."""
+    fig = _new_figure(1, len(groups))
+    drawn = 0
+    for i, (layout, runs) in enumerate(groups.items()):
+        ax = fig.add_subplot(1, len(groups), i + 1)
+        drawn += draw(ax, layout, runs)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    return _save(fig, out, name) if drawn else None
+
+
+def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -> dict[str, str]:
+    """Write ``task``'s PNGs into ``out``; return their names by kind.
+
+    Args:
+        groups: the task's runs by layout, in the order to show, each in the order to draw.
+        data: the task's report (``metric``, and per layout ``target``).
+    """
+    files: dict[str, str] = {}
+    metric = data["metric"]["name"]
+
+    def metric_vs_time(ax: Any, layout: str, runs: list[dict]) -> int:
+        drawn = _lines(ax, runs, "wall_time_s", lambda rec: rec.get("metric"), marker=".")
+        target = data["layouts"][layout]["target"]
+        if target is not None:
+            ax.axhline(target, linestyle=":", color="black", label="target")
+        ax.set_xlabel("training wall time (s)")
+        ax.set_ylabel(metric)
+        ax.set_title(f"{task}, layout {layout}: {metric} vs wall time")
+        return drawn
+
+    def trainable(ax: Any, layout: str, runs: list[dict]) -> int:
+        drawn = _lines(ax, runs, "step", _percent("trainable_share"), drawstyle="steps-post")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("trainable parameters (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{task}, layout {layout}: trainable parameter share")
+        return drawn
+
+    def backward(ax: Any, layout: str, runs: list[dict]) -> int:
+        drawn = _lines(ax, runs, "step", _percent("backward_share"), drawstyle="steps-post")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("backward FLOPs computed (% of the first step's)")
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{task}, layout {layout}: backward FLOPs share" + ("" if drawn else " (not recorded)"))
+        return drawn
+
+    for kind, draw in (("metric_vs_time", metric_vs_time), ("trainable_share", trainable),
+                       ("backward_flops_share", backward)):  # fmt: skip
+        name = _by_layout(groups, draw, out, f"{task}-{kind.replace('_', '-')}.png")
+        if name is not None:
+            files[kind] = name
+
+    with_plasticity = [r for runs in groups.values() for r in runs if r.get("plasticity")]
+    if with_plasticity:
+        files["plasticity"] = _plasticity(task, with_plasticity, out)
+    return files
+
+
+def _plasticity(task: str, runs: list[dict], out: Path) -> str:
+    """Plasticity per module, log scale, one panel per run."""
+    fig = _new_figure(len(runs), 1, height=3.5)
+    for i, r in enumerate(runs):
+        ax = fig.add_subplot(len(runs), 1, i + 1)
+        by_module: dict[str, list[tuple[int, float]]] = {}
+        for p in r["plasticity"]:
+            value = p.get("plasticity")
+            if value is not None and value > 0:  # a log axis cannot show 0
+                by_module.setdefault(p["module"], []).append((p["step"], value))
+        modules = r.get("modules") or []
+        for module in sorted(by_module, key=lambda m: (modules.index(m) if m in modules else len(modules), m)):
+            xs, ys = zip(*by_module[module])
+            ax.plot(xs, ys, label=module)
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("plasticity")
+        ax.set_title(f"{task}: plasticity, {_run_label(r)}, layout {layout_name(r)}")
+        if by_module:
+            ax.legend(fontsize="x-small", ncol=2)
+        ax.grid(alpha=0.3, which="both")
+    return _save(fig, out, f"{task}-plasticity.png")
