@@ -14,6 +14,13 @@ from needs_data import needs_fmnist
 pytestmark = needs_fmnist
 
 EPOCHS = 5
+# How far Egeria may end below plain. Runs this short are chaotic: over seeds 0-4 the plain
+# run's accuracy spans 76.2% to 80.2% (benchmarks/real_data_spread.py, committed in
+# benchmarks/results/real_data_spread/). With the same seed Egeria ended 0 to 0.6 points
+# below plain on the AMD CI machines, 2.4 points below on an Intel one, where other float
+# kernels change the trajectory as another seed would. The margin is the measured plain
+# seed range: a loss beyond it is Egeria's, not the seed's.
+MARGIN = 0.041
 
 
 def run(train_ds, test_ds, use_egeria: bool, seed: int = 0):
@@ -53,4 +60,4 @@ def test_front_module_freezes_first_and_accuracy_holds_on_fashion_mnist():
         elif event.action == "freeze":
             assert event.modules == (eg.modules[depth],)
             depth += 1
-    assert abs(frozen_run - plain) <= 0.01, (plain, frozen_run)
+    assert frozen_run >= plain - MARGIN, (plain, frozen_run)
