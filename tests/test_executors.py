@@ -70,7 +70,7 @@ def _replay(executor, messages) -> list:
         elif kind == "restart":
             executor.restart(**message.args)
     executor.close()
-    return [(a.seq, a.step, a.module, a.reading, a.decision, a.note) for a in answers]
+    return [(a.seq, a.step, a.module, a.readings, a.decision, a.note) for a in answers]
 
 
 def _wait_for_answer(executor, limit_s: float = 60.0) -> list:
