@@ -31,7 +31,7 @@ from .engine import Egeria
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
 
-__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "demo_eval_interval", "format_report"]
+__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,25 +52,12 @@ class DemoSettings:
     # ... dropped 10x once, after this share of the training steps (rounded to an epoch
     # boundary), so that Egeria's unfreeze-on-LR-drop path runs within the demo.
     lr_drop_at: float = 0.8
-    # Egeria's W; n (eval_interval) is derived from the total steps by demo_eval_interval.
-    window: int = 5
 
 
 #: The full demo: about 3 minutes per run on two CPU cores.
 FULL = DemoSettings()
 #: A smoke-test run of a few seconds of training.
-QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2, window=2)
-
-# The earliest possible first freeze is about 11 n steps in (two bootstrap intervals, one
-# evaluation to build the reference, three readings to set the tolerance, W stale ones);
-# n = total / 60 lets the first freeze come after about a fifth of training when the loss
-# settles early, leaving room for later modules and a refreeze after the LR drop.
-_STEPS_PER_INTERVAL_DIVISOR = 60
-
-
-def demo_eval_interval(total_steps: int) -> int:
-    """Egeria's n for a demo of ``total_steps`` steps: ``total_steps // 60``, at least 2."""
-    return max(2, total_steps // _STEPS_PER_INTERVAL_DIVISOR)
+QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2)
 
 
 def run_demo(
@@ -123,13 +110,14 @@ def run_demo(
     total_steps = steps_per_epoch * s.epochs
     drop_epoch = min(max(1, round(s.lr_drop_at * s.epochs)), max(1, s.epochs - 1))
     milestone = drop_epoch * steps_per_epoch
-    config = EgeriaConfig(eval_interval=demo_eval_interval(total_steps), window=s.window)
+    config = EgeriaConfig()  # Egeria's defaults: n derived from the run's length, nothing hand-picked
     _echo(
         stream,
         f"ResNet-20 on {len(train_data[1])} Fashion-MNIST training images ({steps_per_epoch} steps/epoch x "
         f"{s.epochs} epochs = {total_steps} steps, batch {s.batch_size}), accuracy on {len(test[1])} test images; "
         f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at step {milestone} (epoch {drop_epoch}); "
-        f"Egeria eval_interval={config.eval_interval} window={config.window}",
+        f"Egeria with its default configuration (rule {config.rule!r}, window {config.window}, executor "
+        f"{config.executor!r}, cost budget {config.cost_budget:.0%})",
     )
 
     from .models import resnet
@@ -434,7 +422,7 @@ def _plot(result: dict, path: Path) -> None:
 
 
 def _check_settings(s: DemoSettings) -> None:
-    for name in ("train_limit", "test_limit", "epochs", "batch_size", "window"):
+    for name in ("train_limit", "test_limit", "epochs", "batch_size"):
         check_int(getattr(s, name), f"demo {name}")
     if not 0 < s.lr_drop_at <= 1:
         raise ValueError(f"demo lr_drop_at={s.lr_drop_at!r} must be in (0, 1]")
