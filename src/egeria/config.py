@@ -90,6 +90,11 @@ class EgeriaConfig:
     # Every reading runs on the same probe (the first evaluation's batch) instead of its
     # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
     fixed_probe: bool = False
+    # A module freezes only once its smoothed plasticity has also fallen to this share of
+    # the highest it had in the run (None: the slope alone decides, as in the paper). At a
+    # high learning rate the drift between readings is stationary SGD noise, flat but
+    # high; after a 10x rate drop it falls about 10x (benchmarks/README.md, rule study).
+    settle_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a
     # derived n, n is lengthened once, early, to keep within it (measured on the first
     # evaluations); a budget an explicit eval_interval breaks is reported once. None: no
@@ -149,6 +154,8 @@ class EgeriaConfig:
         _check_fraction(self, "tolerance_ratio", allow_above_one=True)
         if self.rule not in RULES:
             raise ValueError(f"EgeriaConfig.rule={self.rule!r} is not one of {', '.join(map(repr, RULES))}")
+        if self.settle_ratio is not None:
+            _check_fraction(self, "settle_ratio", allow_above_one=False)
         if self.cost_budget is not None:
             _check_fraction(self, "cost_budget", allow_above_one=False)
         _check_optional_positive_int(self, "watch_span")

@@ -71,6 +71,8 @@ class Controller:
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
         fixed_probe: read every evaluation on the first evaluation's batch.
+        settle_ratio: a module freezes only once its smoothed plasticity is at most this
+            share of the highest it has had in the run (None: no such condition).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Controller:
         threads: int | None = 1,
         span: int = 1,
         fixed_probe: bool = False,
+        settle_ratio: float | None = None,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -94,6 +97,8 @@ class Controller:
         self.threads = threads
         self.span = span
         self.fixed_probe = fixed_probe
+        self.settle_ratio = settle_ratio
+        self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
         self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
         self.watches: dict[int, ModuleWatch] = {}
@@ -167,7 +172,7 @@ class Controller:
             return answer(note="non-finite")
         rows = [self._read(index, value, request.step) for index, value in zip(watched, values)]
         count = 0
-        while count < len(watched) and self.watches[watched[count]].stale >= self.window:
+        while count < len(watched) and self._settled(watched[count]):
             count += 1
         if count:
             names = tuple(self._name(i) for i in watched[:count])
@@ -186,12 +191,21 @@ class Controller:
             self._refresh(weights, request, upto=watched[-1])
         return answer(readings=rows)
 
+    def _settled(self, index: int) -> bool:
+        """The rule says freeze: W stale readings, and (with ``settle_ratio``) a level
+        at most that share of the module's peak."""
+        watch = self.watches[index]
+        if watch.stale < self.window:
+            return False
+        return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peaks[index]
+
     def _read(self, index: int, plasticity: float, step: int) -> dict:
         """One module's reading through its rule; the history row."""
         watch = self.watches.get(index)
         if watch is None:
             watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
         reading = watch.update(plasticity)
+        self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
         return {
             "step": step,
             "module": self._name(index),
@@ -200,6 +214,7 @@ class Controller:
             "slope": reading.slope,
             "tolerance": reading.tolerance,
             "stale": reading.stale,
+            "peak": self.peaks[index],
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
@@ -228,7 +243,7 @@ class Controller:
 
     def restart(self, generation: int, frozen: int, window: int) -> None:
         """Forget the reference and the watches; watch from module ``frozen`` with window
-        ``window`` (the probe is kept).
+        ``window`` (the probe and the plasticity peaks are kept).
 
         Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
         that reached it too late (the frozen set the worker actually has).
@@ -248,6 +263,7 @@ class Controller:
             "window": self.window,
             "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
             "readings_since_refresh": self.readings_since_refresh,
+            "peaks": {str(i): v for i, v in self.peaks.items()},
             "reference": None if self.reference is None else self.reference.state_dict(live),
             "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
         }
@@ -258,6 +274,7 @@ class Controller:
         self.window = int(state["window"])
         self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
         self.readings_since_refresh = int(state["readings_since_refresh"])
+        self.peaks = {int(i): float(v) for i, v in state["peaks"].items()}
         self.probe = None
         if state["probe"] is not None:
             args, kwargs = map_leaves(state["probe"], _is_encoded, decode_tensor)

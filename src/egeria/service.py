@@ -66,6 +66,7 @@ class ControllerSpec:
     span: int = 1
     fixed_probe: bool = False
     cpus: tuple[int, ...] | None = None  # cores the controller process may use
+    settle_ratio: float | None = None
 
     def build(self) -> Controller:
         return Controller(
@@ -78,6 +79,7 @@ class ControllerSpec:
             threads=self.threads,
             span=self.span,
             fixed_probe=self.fixed_probe,
+            settle_ratio=self.settle_ratio,
         )
 
 

@@ -303,6 +303,7 @@ class KnowledgeGuided:
             self.span,
             cfg.fixed_probe,
             cpus,
+            cfg.settle_ratio,
         )
 
     @property
