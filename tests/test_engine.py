@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -350,3 +351,47 @@ def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept():
     assert explicit.eval_interval == 2
     with pytest.raises(ValueError, match="min_eval_interval=0"):
         egeria.EgeriaConfig(min_eval_interval=0)
+
+
+def test_state_dict_after_close_is_refused():
+    model, opt, eg = make()
+    train(model, opt, eg, batches(2))
+    eg.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        eg.state_dict()
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
+
+
+def test_ctrl_c_during_an_inline_reading_reaches_the_user():
+    class Interrupted(Chain):
+        def forward(self, x):
+            if not self.training:  # only the controller's eval-mode front runs this way
+                raise KeyboardInterrupt
+            return super().forward(x)
+
+    model = Interrupted()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    with pytest.raises(KeyboardInterrupt):
+        train(model, opt, eg, batches(1) * 20)
+    eg.close()
+
+
+def test_a_checkpoint_without_a_controller_state_resumes_without_hanging():
+    # Saved after an unfreeze (generation > 0) by a run whose controller had failed.
+    model, opt, eg = make(window=4)
+    data = batches(1) * 200
+    train_until_frozen(model, opt, eg, data)
+    for group in opt.param_groups:
+        group["lr"] *= 0.1
+    train(model, opt, eg, data[:2])  # unfreezes: a new generation
+    state = json.loads(json.dumps(eg.state_dict()))
+    assert state["policy_state"]["link"]["generation"] > 0
+    state["policy_state"]["link"]["controller"] = None
+    eg.close()
+    again = egeria.Egeria(model, opt, config=quick_config(window=4), example_inputs=(torch.randn(4, 8),))
+    again.load_state_dict(state)
+    before = len(again.history)
+    train(model, opt, again, data[:10])
+    assert len(again.history) > before and again.controller_stats["failure"] is None
+    again.close()

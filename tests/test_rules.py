@@ -103,15 +103,19 @@ def test_bad_rule_options_are_named():
         egeria.EgeriaConfig(probe_size=-1)
     with pytest.raises(ValueError, match="activation_mode='eval'"):
         egeria.EgeriaConfig(fixed_probe=True, activation_mode="train")
+    with pytest.raises(ValueError, match="probe_size.*activation_mode='eval'"):
+        egeria.EgeriaConfig(probe_size=8, activation_mode="train")
 
 
-def test_after_every_freeze_the_next_module_is_read_again():
+@pytest.mark.parametrize("span", [None, 2])
+def test_after_every_freeze_the_next_module_is_read_again(span):
     # The worker and the controller must agree on the frozen count after a decision that
-    # freezes several modules at once, or every later request is stale and reading stops.
+    # freezes several modules at once, or every later request is stale and reading stops;
+    # the controller must have the weights of the modules it watches next.
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-    eg = egeria.Egeria(model, opt, config=quick_config(rule="egeria"))
+    eg = egeria.Egeria(model, opt, config=quick_config(rule="egeria", watch_span=span))
     decisions = train(model, opt, eg, batches(1) * 60)
     freezes = [d for d in decisions if d.action == "freeze"]
     assert freezes
@@ -122,6 +126,7 @@ def test_after_every_freeze_the_next_module_is_read_again():
             front = eg.modules[frozen]
             assert any(r["module"] == front and r["step"] > d.step for r in eg.history), (d, front)
     assert len(eg.frozen) == frozen
+    assert eg.controller_stats["failure"] is None
     eg.close()
 
 

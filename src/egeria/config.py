@@ -162,6 +162,11 @@ class EgeriaConfig:
         _check_optional_positive_int(self, "probe_size")
         if not isinstance(self.fixed_probe, bool):
             raise ValueError(f"EgeriaConfig.fixed_probe={self.fixed_probe!r} must be True or False")
+        if self.probe_size is not None and self.activation_mode != "eval":
+            raise ValueError(
+                "EgeriaConfig.probe_size reads a part of the batch, while the training forward pass sees all of "
+                f"it; it needs activation_mode='eval', not {self.activation_mode!r}"
+            )
         if self.fixed_probe and self.activation_mode != "eval":
             raise ValueError(
                 "EgeriaConfig.fixed_probe=True reads a fixed batch, which the training forward pass does not "

@@ -344,7 +344,11 @@ class Egeria:
         set and the same later decisions. Egeria's own policy adds the reference model's
         snapshot tensors that differ from the model's current weights (those of the watched
         module, base64-encoded) and its int8 calibration, so it is larger than a few numbers.
+
+        Raises:
+            RuntimeError: after :meth:`close`.
         """
+        self._check_open()
         prefix = self._bind()
         return {
             "format": _STATE_FORMAT,

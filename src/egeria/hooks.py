@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["mark", "is_marked"]
+__all__ = ["mark", "unmark", "is_marked"]
 
 _MARKED: set[int] = set()
 
@@ -18,6 +18,12 @@ def mark(handle: RemovableHandle) -> RemovableHandle:
     """Marks ``handle``'s hook as Egeria's; returns the handle."""
     _MARKED.add(handle.id)
     return handle
+
+
+def unmark(handle: RemovableHandle) -> None:
+    """Removes ``handle``'s hook and forgets its mark."""
+    handle.remove()
+    _MARKED.discard(handle.id)
 
 
 def is_marked(hook_id: int) -> bool:

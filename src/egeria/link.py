@@ -145,7 +145,7 @@ class ControllerLink:
                 self._cancel()
                 return False
             activations = [evaluation.activations[i] for i in watched]
-        weights = self._front_weights(state(), evaluation.module + self.span - 1)
+        weights = self._front_weights(state(), evaluation.module)
         self.executor.readout(Readout(self.seq, activations, weights))
         return True
 
@@ -176,9 +176,11 @@ class ControllerLink:
             self._newly_frozen = []
         return sent
 
-    def _front_weights(self, state: Mapping[str, torch.Tensor], deepest: int) -> Any:
-        """What the controller refreshes from: modules 0 to ``deepest`` + 1, loose entries."""
-        return self.executor.weights(state, self.keys.of(range(min(deepest + 2, self.freezable + 1))))
+    def _front_weights(self, state: Mapping[str, torch.Tensor], front: int) -> Any:
+        """What the controller refreshes from, watching from module ``front``: every module
+        it may read after freezing up to ``span`` of them (``front + 2 span - 1``; the paper's
+        rule: the watched module and the next), and the loose entries."""
+        return self.executor.weights(state, self.keys.of(range(min(front + 2 * self.span, self.freezable + 1))))
 
     def _cancel(self) -> None:
         """Completes the sent request without a reading."""
@@ -272,7 +274,7 @@ class ControllerLink:
         self._drop_evaluation()
         controller = None
         if self.usable:
-            controller = self.executor.state_dict(self._front_weights(state, frozen + self.span - 1), self.seq)
+            controller = self.executor.state_dict(self._front_weights(state, frozen), self.seq)
             self._pending.extend(self.executor.poll())
         return {
             "controller": controller,
@@ -291,7 +293,12 @@ class ControllerLink:
         self.history = list(saved["history"])
         self.evaluation = None
         if saved["controller"] is not None:
-            self.executor.load_state_dict(saved["controller"], self._front_weights(state, frozen + self.span - 1), self.seq)
+            self.executor.load_state_dict(saved["controller"], self._front_weights(state, frozen), self.seq)
+            if self.executor.failure is not None:
+                raise ValueError(f"the controller could not load the saved Egeria state: {self.executor.failure}")
+        elif self.generation > 0:  # saved without a controller (it had failed): start this one in step
+            frozen_now, window = self.watch()
+            self.executor.restart(self.generation, frozen_now, window)
 
     def stats(self) -> dict:
         """Counts of the link: sent, dropped, answered, discarded decisions, lags, faults."""

@@ -129,7 +129,7 @@ class Service:
         try:
             while not self.stopped and self._turn(None):
                 pass
-        except BaseException:  # noqa: B902 - report every failure, then serve no more
+        except Exception:  # report the failure, then serve no more; Ctrl-C stays the user's
             self.stopped = True
             self.ch.results.put(Reply("failed", traceback.format_exc()))
 
@@ -153,7 +153,10 @@ class Service:
         if request is None:
             return False
         while request.generation > self.controller.generation and not self.stopped:
-            self._read_control(block=True)  # its restart is on the control queue
+            # Its restart is on the control queue; pumped (inline), it is there already or
+            # never comes, and the request is answered as stale.
+            if not self._read_control(block=timeout is not None) and timeout is None:
+                break
         self.pending = (request, self._reference(request))
         return True
 

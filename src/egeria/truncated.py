@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .hooks import mark
+from .hooks import mark, unmark
 from .nested import first_tensor
 
 __all__ = ["run_until", "outputs_until"]
@@ -44,7 +44,7 @@ def run_until(model: nn.Module, block: str | None, args: tuple, kwargs: dict) ->
         return stopped.output
     finally:
         if handle is not None:
-            handle.remove()
+            unmark(handle)
     if block is not None:
         raise RuntimeError(f"block {block} did not run in the forward pass")
     return None
@@ -73,7 +73,7 @@ def outputs_until(model: nn.Module, blocks: Sequence[str], args: tuple, kwargs: 
         seen.setdefault(last[-1], first_tensor(run_until(model, last[-1], args, kwargs)))
     finally:
         for handle in handles:
-            handle.remove()
+            unmark(handle)
     missing = [b for b in blocks if seen.get(b) is None]
     if missing:
         raise RuntimeError(f"blocks {missing} did not run or returned no tensor")
