@@ -4,7 +4,7 @@ Egeria times what it does on the training thread (copying an evaluation's batch,
 inline the whole reading) and the training steps around it. Once a few evaluations are
 measured, the interval n that keeps the readings' cost under ``budget`` follows from
 ``cost per evaluation / (n x step time) <= budget``. Timing is wall-clock: the
-adjustment is made once, early, and only to a derived n (an explicit ``eval_interval``
+adjustment is made once, early (the rule's watches go on), and only to a derived n (an explicit ``eval_interval``
 is kept and a budget it breaks is reported once).
 """
 

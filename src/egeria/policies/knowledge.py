@@ -152,7 +152,7 @@ class KnowledgeGuided:
         unfreeze = self._unfreeze(info, frozen)
         move = unfreeze or move
         self.budget.step_done(evaluated)
-        self._keep_budget(move.frozen if move is not None else info.frozen)
+        self._keep_budget()
         self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
         return move
 
@@ -188,9 +188,10 @@ class KnowledgeGuided:
                 )
         return self.eval_interval
 
-    def _keep_budget(self, frozen: int) -> None:
+    def _keep_budget(self) -> None:
         """Once the first evaluations are measured: lengthen a derived n that breaks the
-        cost budget (the watch restarts with the new spacing), or report an explicit one."""
+        cost budget, or report an explicit one. The watches go on: restarting them would set
+        the tolerances from the flatter slopes read later (benchmarks/README.md)."""
         limit = self.config.cost_budget
         if limit is None or self.budget_checked or not self.budget.measured:
             return
@@ -210,7 +211,6 @@ class KnowledgeGuided:
             return
         logger.info("Egeria: %s; n is now %d", figures, needed)
         self.eval_interval = needed
-        self.link.restart(frozen, self.window)
 
     def _record_loss(self, loss: torch.Tensor | float | None) -> None:
         if loss is None:
