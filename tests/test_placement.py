@@ -60,3 +60,5 @@ def test_bad_controller_cpus_are_named():
         egeria.EgeriaConfig(controller_cpus=[-1])
     with pytest.raises(ValueError, match="controller_cpus=\\[\\]"):
         egeria.EgeriaConfig(controller_cpus=[])
+    with pytest.raises(ValueError, match="controller_cpus=\\[1\\] pins a controller process; executor='inline'"):
+        egeria.EgeriaConfig(controller_cpus=[1], executor="inline")

@@ -98,7 +98,9 @@ def test_bad_rule_options_are_named():
     with pytest.raises(ValueError, match="rule='fast'"):
         egeria.EgeriaConfig(rule="fast")
     with pytest.raises(ValueError, match="watch_span=0"):
-        egeria.EgeriaConfig(watch_span=0)
+        egeria.EgeriaConfig(rule="egeria", watch_span=0)
+    with pytest.raises(ValueError, match="watch_span=2 applies to rule='egeria'"):
+        egeria.EgeriaConfig(watch_span=2)
     with pytest.raises(ValueError, match="probe_size=-1"):
         egeria.EgeriaConfig(probe_size=-1)
     with pytest.raises(ValueError, match="activation_mode='eval'"):

@@ -159,6 +159,10 @@ class EgeriaConfig:
         if self.cost_budget is not None:
             _check_fraction(self, "cost_budget", allow_above_one=False)
         _check_optional_positive_int(self, "watch_span")
+        if self.watch_span is not None and self.rule == "paper":
+            raise ValueError(
+                f"EgeriaConfig.watch_span={self.watch_span!r} applies to rule='egeria'; the paper's rule watches one module"
+            )
         _check_optional_positive_int(self, "probe_size")
         if not isinstance(self.fixed_probe, bool):
             raise ValueError(f"EgeriaConfig.fixed_probe={self.fixed_probe!r} must be True or False")
@@ -204,6 +208,11 @@ class EgeriaConfig:
         ):
             raise ValueError(
                 f"EgeriaConfig.controller_cpus={self.controller_cpus!r} must be None or a non-empty list of core numbers"
+            )
+        if self.controller_cpus is not None and self.executor in ("inline", "thread"):
+            raise ValueError(
+                f"EgeriaConfig.controller_cpus={list(self.controller_cpus)!r} pins a controller process; "
+                f"executor={self.executor!r} runs it in the trainer's process"
             )
         _check_positive_int(self, "max_in_flight")
         _check_positive_int(self, "max_lag_intervals")

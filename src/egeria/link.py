@@ -87,6 +87,7 @@ class ControllerLink:
         self.fallbacks: list[str] = []
         self._newly_frozen: list[int] = []
         self._pending: list[Result] = []
+        self._fallback_due: str | None = None  # a replacement decided in a forward hook
         self._warned = False
 
     @property
@@ -106,8 +107,8 @@ class ControllerLink:
         if self.armed_for != step or self.evaluation is not None:
             return
         evaluation = _Evaluation(step, module, batch())
-        if send and not self._offer(evaluation, state):
-            return  # dropped: the controller is behind
+        if send and not self._offer(evaluation, state, in_hook=True):
+            return  # dropped: the controller is behind (or must be replaced at the step's end)
         self.evaluation = evaluation
 
     def wants_activation(self, module: int) -> bool:
@@ -149,10 +150,12 @@ class ControllerLink:
         self.executor.readout(Readout(self.seq, activations, weights))
         return True
 
-    def _offer(self, evaluation: _Evaluation, state: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
+    def _offer(self, evaluation: _Evaluation, state: Callable[[], Mapping[str, torch.Tensor]], in_hook: bool = False) -> bool:
         """Sends the evaluation's request; False when it was dropped. ``state()`` is read
-        only when modules froze since the previous request (their final weights go along)."""
-        if not self.usable:
+        only when modules froze since the previous request (their final weights go along).
+        A process that cannot take it is replaced by a thread, at once at a step boundary,
+        at the step's end when the request was sent from a forward hook (which only records)."""
+        if not self.usable or self._fallback_due is not None:
             return False
         final = tuple(self._newly_frozen)
         request = Request(
@@ -167,6 +170,9 @@ class ControllerLink:
         try:
             sent = self.executor.offer(request)
         except ControllerStartError as err:
+            if in_hook:
+                self._fallback_due = str(err)
+                return False
             self._fall_back(str(err))
             request.generation = self.generation
             sent = self.executor.offer(request)
@@ -199,6 +205,9 @@ class ControllerLink:
         to :attr:`history`; returns the freeze decisions about module ``frozen`` (and the
         ones after it) that are at most ``max_lag`` steps old. A later one is discarded and
         the controller watches afresh with window ``window``."""
+        if self._fallback_due is not None:
+            reason, self._fallback_due = self._fallback_due, None
+            self._fall_back(reason)
         try:
             arrived = self._pending + self.executor.poll()
         except ControllerStartError as err:
