@@ -26,7 +26,7 @@ import pickle
 import queue
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -408,7 +408,7 @@ def picklable(value: Any) -> str | None:
 
 def make_executor(
     kind: str,
-    spec_factory: Callable[[], ControllerSpec],
+    spec: ControllerSpec,
     *,
     max_in_flight: int,
     timeout: float,
@@ -416,10 +416,10 @@ def make_executor(
 ) -> Executor:
     """The executor of ``kind``; a process that cannot start falls back to a thread."""
     if kind == "inline":
-        return InlineExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout)
+        return InlineExecutor(spec, max_in_flight=max_in_flight, timeout=timeout)
     if kind == "process":
         try:
-            return ProcessExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout, start_method=start_method)
+            return ProcessExecutor(spec, max_in_flight=max_in_flight, timeout=timeout, start_method=start_method)
         except ControllerStartError as err:
             logger.warning("Egeria: the controller process could not start (%s); running it in a thread", err)
-    return ThreadExecutor(spec_factory(), max_in_flight=max_in_flight, timeout=timeout)
+    return ThreadExecutor(spec, max_in_flight=max_in_flight, timeout=timeout)

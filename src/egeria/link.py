@@ -203,8 +203,9 @@ class ControllerLink:
     def decisions(self, step: int, frozen: int, max_lag: int, window: int) -> list[Result]:
         """This generation's answers that arrived since the last call, their readings added
         to :attr:`history`; returns the freeze decisions about module ``frozen`` (and the
-        ones after it) that are at most ``max_lag`` steps old. A later one is discarded and
-        the controller watches afresh with window ``window``."""
+        ones after it) that are at most ``max_lag`` steps old, which the worker applies:
+        the next request carries the final weights of the modules they freeze. A later one
+        is discarded and the controller watches afresh with window ``window``."""
         if self._fallback_due is not None:
             reason, self._fallback_due = self._fallback_due, None
             self._fall_back(reason)
@@ -235,11 +236,8 @@ class ControllerLink:
                 continue
             accepted.append(result)
             taken += len(result.decision.modules)
+        self._newly_frozen.extend(range(frozen, frozen + taken))  # applied by the worker now
         return accepted
-
-    def froze(self, module: int) -> None:
-        """The worker froze ``module``: the next request carries its final weights."""
-        self._newly_frozen.append(module)
 
     def restart(self, frozen: int, window: int) -> None:
         """A new generation: the controller forgets its watch and watches module ``frozen``

@@ -141,12 +141,7 @@ class KnowledgeGuided:
             assert last.decision is not None
             if info.frozen == 0:  # the unfreeze rule measures the learning-rate drop from here
                 self.lr_at_freeze, self.freeze_step = info.lr, info.step
-            count = 0
-            for result in accepted:
-                assert result.decision is not None
-                for offset in range(len(result.decision.modules)):
-                    self.link.froze(result.module + offset)
-                count += len(result.decision.modules)
+            count = sum(len(r.decision.modules) for r in accepted if r.decision is not None)
             move = Move(info.frozen + count, last.decision.reason, last.step)
         frozen = move.frozen if move is not None else info.frozen
         unfreeze = self._unfreeze(info, frozen)
@@ -319,7 +314,7 @@ class KnowledgeGuided:
         cfg = self.config
         return make_executor(
             self.executor_kind,
-            lambda: spec,
+            spec,
             max_in_flight=cfg.max_in_flight,
             timeout=cfg.controller_timeout,
             start_method=cfg.start_method,
