@@ -96,22 +96,23 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
         ax.set_title(f"{task}, layout {layout}: {metric} vs wall time")
         return drawn
 
-    def trainable(ax: Any, layout: str, runs: list[dict]) -> int:
-        drawn = _lines(ax, runs, "step", _percent("trainable_share"), drawstyle="steps-post")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("trainable parameters (%)")
-        ax.set_ylim(0, 105)
-        ax.set_title(f"{task}, layout {layout}: trainable parameter share")
-        return drawn
+    def share(key: str, ylabel: str, title: str, missing: str) -> Callable[[Any, str, list[dict]], int]:
+        """A panel of one record field in percent over the training steps."""
 
-    def backward(ax: Any, layout: str, runs: list[dict]) -> int:
-        drawn = _lines(ax, runs, "step", _percent("backward_share"), drawstyle="steps-post")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("backward FLOPs computed (% of the first step's)")
-        ax.set_ylim(0, 105)
-        ax.set_title(f"{task}, layout {layout}: backward FLOPs share" + ("" if drawn else " (not recorded)"))
-        return drawn
+        def draw(ax: Any, layout: str, runs: list[dict]) -> int:
+            drawn = _lines(ax, runs, "step", _percent(key), drawstyle="steps-post")
+            ax.set_xlabel("training step")
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(0, 105)
+            ax.set_title(f"{task}, layout {layout}: {title}" + ("" if drawn else missing))
+            return drawn
 
+        return draw
+
+    trainable = share("trainable_share", "trainable parameters (%)", "trainable parameter share", "")
+    backward = share(
+        "backward_share", "backward FLOPs computed (% of the first step's)", "backward FLOPs share", " (not recorded)"
+    )
     for kind, draw in (("metric_vs_time", metric_vs_time), ("trainable_share", trainable),
                        ("backward_flops_share", backward)):  # fmt: skip
         name = _by_layout(groups, draw, out, f"{task}-{kind.replace('_', '-')}.png")
