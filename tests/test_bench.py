@@ -43,6 +43,27 @@ def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     assert run["final"]["total_backward_flops"] == pytest.approx(4 * backward[0] + 4 * backward[-1])
 
 
+@needs_fmnist
+def test_a_cached_run_trains_exactly_as_the_uncached_one_and_records_the_cache(tmp_path):
+    # static freezes 2 modules after epoch 1; epoch 2 records their outputs, epoch 3 may
+    # serve them (where reading is faster; either way the numbers must not change).
+    args = ["bench", "resnet-fmnist", "--policy", "static", "--epochs", "3", "--limit", "256",
+            "--eval-limit", "100", "--out", str(tmp_path), "--no-progress"]
+    main(args)
+    main([*args, "--cache"])
+    folder = tmp_path / "cpu" / "resnet-fmnist"
+    plain, cached = (json.loads((folder / name).read_text()) for name in ("static-seed0.json", "static-cache-seed0.json"))
+    assert plain["cache"] is False and plain["cache_stats"] is None
+    assert cached["cache"] is True and cached["command"].endswith("--cache")
+    assert [(r["step"], r["metric"], r["loss"]) for r in cached["records"]] == [
+        (r["step"], r["metric"], r["loss"]) for r in plain["records"]
+    ]
+    assert cached["events"] == plain["events"]
+    levels = cached["cache_stats"]["levels"]
+    assert [level["frozen"] for level in levels.values()] == [2]
+    assert all(level["complete"] and "files" not in level for level in levels.values())
+
+
 @pytest.mark.slow
 @needs_ptb
 @needs_fmnist

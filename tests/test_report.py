@@ -316,11 +316,13 @@ def test_config_changed_from_the_defaults_shows_in_the_label(tmp_path: Path) -> 
     default["config"] = {"eval_interval": None, "window": 10, "policy": "egeria"}
     tuned = _run(acc, "egeria", 0, [10, 20], [0.5, 0.88], 800.0)
     tuned["config"] = {"eval_interval": 10, "window": 10, "policy": "egeria", "not_a_field_any_more": 1}
-    for name, run in (("plain", plain), ("default", default), ("tuned", tuned)):
+    cached = json.loads(json.dumps(tuned))
+    cached["cache"] = True
+    for name, run in (("plain", plain), ("default", default), ("tuned", tuned), ("cached", cached)):
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     report = build_report(load_runs([tmp_path]), tmp_path / "report")
     labels = sorted(r["policy"] for r in report["tasks"][acc]["layouts"]["accel"]["rows"])
-    assert labels == ["egeria", "egeria[eval_interval=10]", "none"]
+    assert labels == ["egeria", "egeria[eval_interval=10]", "egeria[eval_interval=10]+cache", "none"]
 
 
 # ------------------------------------------------------------------------------ layouts

@@ -89,6 +89,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init", default=None, metavar="PATH", help="checkpoint to start from (finetune-mnist)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
+        "--cache", action="store_true",
+        help="train from Egeria.cache_loader: frozen modules' outputs cached, their forward skipped where faster "
+        "(writes POLICY-cache-seedS.json)",
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
         help="override one EgeriaConfig field, e.g. --set eval_interval=20 (repeatable; "
         "VALUE is read as a Python literal, else as a string)",
@@ -113,6 +118,7 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         overrides=parse_overrides(args.overrides),
         command=command,
         progress=not args.no_progress,
+        cache=args.cache,
     )
     final = result["final"]
     print(

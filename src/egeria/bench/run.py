@@ -57,9 +57,11 @@ def run_bench(
     overrides: Mapping[str, Any] | None = None,
     command: str | None = None,
     progress: bool = False,
+    cache: bool = False,
 ) -> dict:
     """Trains ``task_name`` under ``policy`` in ``layout`` and writes
-    ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json``.
+    ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json`` (``<policy>-cache-seed<seed>.json``
+    with ``cache``).
 
     The trained weights go next to it as ``.pt`` (the fine-tuning task starts from the
     ``resnet-fmnist`` weights of the plain run). The process is pinned to the layout's
@@ -80,6 +82,11 @@ def run_bench(
         overrides: config fields to change from the defaults (or from ``config``), e.g.
             ``{"eval_interval": 20}``; an unknown field raises ``ValueError``.
         command: the command line to record.
+        cache: train from :meth:`Egeria.cache_loader` (the frozen prefix's outputs cached
+            and its forward pass skipped where that is faster); the run records the
+            cache's summary. FLOPs are counted when the frozen set changes, before the
+            cache can serve it, so they stay those of the full forward; the wall time
+            shows the cache's effect.
 
     Returns:
         The recorded run (also written as JSON).
@@ -100,6 +107,7 @@ def run_bench(
             task_name, policy, seed=seed, epochs=epochs, out=out, layout=place.to_dict(), limit=limit,
             eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, config=config,
             overrides={**place.config_overrides(policy), **(overrides or {})}, command=command, progress=progress,
+            cache=cache,
         )
 
 
@@ -119,8 +127,9 @@ def _run(
     overrides: Mapping[str, Any],
     command: str | None,
     progress: bool,
+    cache: bool,
 ) -> dict:
-    """:func:`run_bench` inside its layout: trains and writes ``out/<task>/<policy>-seed<S>.json``."""
+    """:func:`run_bench` inside its layout: trains and writes ``out/<task>/<stem>.json``."""
     task, epochs = build_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
     total_steps = task.steps_per_epoch * epochs
     if policy == "egeria":
@@ -131,6 +140,10 @@ def _run(
         cfg = cfg.replace(**overrides)
     eg = Egeria(task.model, task.optimizer, config=cfg, lr_scheduler=task.scheduler, total_steps=total_steps)
     record_every = max(1, task.steps_per_epoch // records_per_epoch)
+    batches = task.batches
+    if cache:
+        cached = eg.cache_loader(task.batches())
+        batches = lambda: cached  # noqa: E731 - the same wrapped loader every epoch
 
     result: dict[str, Any] = {
         "format": FORMAT,
@@ -139,7 +152,8 @@ def _run(
         "policy_options": dict(cfg.policy_options),
         "seed": seed,
         "epochs": epochs,
-        "command": command or f"egeria bench {task_name} --policy {policy} --seed {seed} --layout {layout['name']}",
+        "command": command
+        or f"egeria bench {task_name} --policy {policy} --seed {seed} --layout {layout['name']}" + (" --cache" if cache else ""),
         "machine": describe_machine(),
         "layout": layout,
         "config": cfg.to_dict(),
@@ -148,6 +162,7 @@ def _run(
         "total_steps": total_steps,
         "limit": limit,
         "eval_limit": eval_limit,
+        "cache": cache,
     }
     records: list[dict] = []
     losses: list[float] = []
@@ -166,7 +181,7 @@ def _run(
 
     try:
         steps = train(
-            task.model, task.optimizer, task.batches, task.loss, epochs=epochs, scheduler=task.scheduler, egeria=eg,
+            task.model, task.optimizer, batches, task.loss, epochs=epochs, scheduler=task.scheduler, egeria=eg,
             count_flops=True, on_step=on_step, evaluate=record, eval_every=record_every,
         )
     finally:
@@ -185,6 +200,7 @@ def _run(
             "events": [d.to_dict() for d in eg.events],
             "plasticity": eg.history,
             "controller": eg.controller_stats,
+            "cache_stats": _cache_summary(eg) if cache else None,
             "final": {
                 "metric": records[-1]["metric"],
                 "wall_time_s": wall,
@@ -194,12 +210,21 @@ def _run(
         }
     )
     eg.close()
-    target = out / task_name / f"{policy}-seed{seed}.json"
+    target = out / task_name / f"{policy}{'-cache' if cache else ''}-seed{seed}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(result, indent=1))
     torch.save(task.model.state_dict(), target.with_suffix(".pt"))
     logger.info("wrote %s", target)
     return result
+
+
+def _cache_summary(eg: Egeria) -> dict:
+    """The cache's counters and, per frozen-prefix level, where it kept its rows (disk file
+    paths left out: they are temporary)."""
+    summary = eg.cache_stats
+    for level in summary.get("levels", {}).values():
+        level.pop("files", None)
+    return summary
 
 
 def _record(eg: Egeria, task: Task, result: StepResult, losses: list[float], first_backward: float | None) -> dict:

@@ -60,8 +60,9 @@ def layout_name(run: dict) -> str:
 
 
 def policy_label(run: dict) -> str:
-    """The policy as shown: its name, with its options where it has any, and the config
-    fields the run changed from the defaults (``egeria bench --set``) in brackets. Where the
+    """The policy as shown: its name, with its options where it has any, the config
+    fields the run changed from the defaults (``egeria bench --set``) in brackets, and
+    ``+cache`` for a run trained through the activation cache (``egeria bench --cache``). Where the
     ``"accel"`` layout runs the controller (``executor``, ``controller_cpus``) is the
     layout's, shown with it, not here."""
     label = str(run["policy"])
@@ -71,6 +72,8 @@ def policy_label(run: dict) -> str:
     changed = _changed_fields(run.get("config") or {}, run.get("layout") or {"name": LEGACY_LAYOUT})
     if changed:
         label += "[" + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) + "]"
+    if run.get("cache"):
+        label += "+cache"
     return label
 
 
