@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import egeria
-from tiny import Chain, batches, checkpointed, quick_config, tiny_cnn, train
+from tiny import Chain, batches, checkpointed, idle_step, quick_config, tiny_cnn, train
 
 
 def make(model_fn=Chain, lr=1e-4, optimizer="sgd", **config):
@@ -104,7 +104,7 @@ def test_lr_drop_unfreezes_all_then_the_rule_refreezes(rule):
     frozen_names = list(eg.frozen)
     for group in opt.param_groups:
         group["lr"] = group["lr"] * 0.1  # 1e-4 * 0.1 is not exactly 1e-5: the rule must still fire
-    [decision] = eg.step(torch.tensor(1.0))
+    [decision] = idle_step(opt, eg)
     assert decision.action == "unfreeze"
     assert list(decision.modules) == frozen_names
     assert eg.frozen == []
@@ -122,8 +122,9 @@ def test_smaller_lr_drop_does_not_unfreeze():
     train_until_frozen(model, opt, eg, batches(1) * 100)
     for group in opt.param_groups:
         group["lr"] *= 0.2
-    assert eg.step(torch.tensor(1.0)) == []
-    assert eg.frozen
+    steps = eg.steps
+    assert idle_step(opt, eg) == []
+    assert eg.frozen and eg.steps == steps + 1
 
 
 def test_user_unfreeze_rule_replaces_the_lr_rule():
@@ -230,29 +231,40 @@ def test_single_module_model_is_rejected():
         egeria.Egeria(model, opt, total_steps=100)
 
 
-def test_eval_interval_none_needs_total_steps():
+def test_eval_interval_none_needs_total_steps_by_the_first_step():
     model = Chain()
-    with pytest.raises(ValueError, match="total_steps"):
-        egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eg = egeria.Egeria(model, opt)  # a framework may learn the length only when training starts
+    model(torch.randn(4, 8))
+    with pytest.raises(ValueError, match=r"set_schedule\(total_steps=...\)"):
+        idle_step(opt, eg)
+    with pytest.raises(ValueError, match="total_steps=0 must be a positive integer"):
+        eg.set_schedule(total_steps=0)
+    eg.set_schedule(total_steps=78_000)
+    idle_step(opt, eg)
+    assert eg.eval_interval == 318 and eg.steps == 1
+    with pytest.raises(RuntimeError, match="before the first step"):
+        eg.set_schedule(total_steps=1000)
 
 
 def test_step_before_any_forward_pass_is_a_clear_error():
     model = Chain()
-    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=100)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eg = egeria.Egeria(model, opt, total_steps=100)
     with pytest.raises(RuntimeError, match="first forward pass"):
-        eg.step(torch.tensor(1.0))
+        idle_step(opt, eg)
 
 
 def test_non_finite_losses_are_logged_and_ignored(caplog):
     model, opt, eg = make(eval_interval=2, bootstrap_change_rate=0.10)
     model(torch.randn(4, 8))
     for loss in (2.0, 2.0):  # first interval: mean 2.0
-        eg.step(torch.tensor(loss))
+        idle_step(opt, eg, loss)
     with caplog.at_level(logging.WARNING, logger="egeria"):
         # Second interval: counted as is, its mean (nan) or (2.0 + inf) would not settle the
         # loss; ignoring the non-finite values leaves 2.0, which ends bootstrapping.
-        eg.step(torch.tensor(float("nan")))
-        eg.step(torch.tensor(2.0))
+        idle_step(opt, eg, float("nan"))
+        idle_step(opt, eg, 2.0)
     assert "non-finite" in caplog.text
     assert eg.stage == "guided"
 
@@ -279,7 +291,7 @@ def test_a_model_that_cannot_be_split_trains_on_and_step_says_why():
     eg = egeria.Egeria(model, opt, config=quick_config(modules=r"head"))
     model(torch.randn(4, 8))  # the user's forward pass is not broken
     with pytest.raises(ValueError, match="single layer module"):
-        eg.step(torch.tensor(1.0))
+        idle_step(opt, eg)
 
 
 def test_a_forward_that_catches_exceptions_cannot_swallow_the_early_stop():

@@ -184,6 +184,18 @@ def test_a_decision_within_the_lag_bound_applies_with_its_lag_and_a_later_one_is
     assert stats["discarded_decisions"] >= 1 and history  # the controller decided, too late
 
 
+def test_most_evaluations_lost_is_one_warning_that_says_what_to_change(caplog):
+    config = quick_config(max_in_flight=1)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        _delayed_run(config, lag=1000, steps=30)  # never answered: every later evaluation dropped
+    starved = [r.getMessage() for r in caplog.records if "cannot keep pace" in r.getMessage()]
+    assert len(starved) == 1 and "probe_size" in starved[0] and "were dropped" in starved[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        _delayed_run(quick_config(max_in_flight=3), lag=1, steps=30)  # every answer at the next step
+    assert not [r for r in caplog.records if "cannot keep pace" in r.getMessage()]
+
+
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "controller" in r.getMessage()]
 

@@ -5,7 +5,7 @@ import torch
 
 import egeria
 from egeria.policies import AutoFreeze, FreezeOut, LinearSchedule, NoFreezing, StaticFreezing, StepInfo, make_policy
-from tiny import Chain, batches, checkpointed, train
+from tiny import Chain, batches, checkpointed, idle_step, train
 
 
 def info(step, total=100, frozen=0, freezable=4):
@@ -152,4 +152,4 @@ def test_bad_policy_choices_are_clear_errors():
     eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="linear"))
     model(torch.randn(4, 8))
     with pytest.raises(ValueError, match="pass total_steps"):
-        eg.step(torch.tensor(1.0))
+        idle_step(opt, eg)

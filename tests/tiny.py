@@ -77,6 +77,14 @@ def train(
     return decisions
 
 
+def idle_step(optimizer: torch.optim.Optimizer, eg: egeria.Egeria, loss: float = 1.0) -> list[egeria.Decision]:
+    """A step boundary that trains nothing: an optimizer step without gradients (Egeria
+    counts optimizer steps), then ``eg.step(loss)``; returns its decisions."""
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.step()
+    return eg.step(torch.tensor(loss))
+
+
 def quick_config(**overrides) -> egeria.EgeriaConfig:
     """Evaluate every step with a short window so decisions come within tens of steps; an
     int8 reference on every CPU ("auto" picks bf16 only where the CPU has it); no cost

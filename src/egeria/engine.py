@@ -25,7 +25,8 @@ effect only inside :meth:`Egeria.step`.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ from .hooks import mark
 from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
+from .stepcount import OptimizerSteps
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
@@ -56,15 +58,22 @@ class Egeria:
         optimizer: its optimizer; its param groups are never changed.
         config: hyperparameters; :class:`EgeriaConfig` defaults when None.
         lr_scheduler: the learning-rate scheduler, if any (used to warn about cyclical
-            schedules, which need ``unfreeze_rule``).
-        total_steps: optimizer steps the run will take; needed when
-            ``config.eval_interval`` is None and by the schedule baselines.
+            schedules, which need ``unfreeze_rule``); or later, :meth:`set_schedule`.
+        total_steps: optimizer steps the run will take; needed by the first :meth:`step`
+            when ``config.eval_interval`` is None and by the schedule baselines (give it
+            here or, once known, to :meth:`set_schedule`).
         unfreeze_rule: replaces the default learning-rate-drop rule of Egeria's policy (for
             cyclical schedules); called at each step with an :class:`UnfreezeContext`.
         example_inputs: optional positional arguments for one forward pass run now (in eval
             mode, without gradients) to find the layer modules before training starts.
         policy: a freezing policy object (see :mod:`egeria.policies`) deciding *when* to
             freeze; ``config.policy`` picks one by name (default: Egeria's own rule).
+        on_change: called with every :class:`~egeria.Decision` (freeze, unfreeze, end of
+            bootstrapping) as it is applied, inside :meth:`step`.
+
+    Steps are counted from the optimizer (:mod:`egeria.stepcount`): a call of
+    :meth:`step` that follows no ``optimizer.step()`` (a micro-batch of gradient
+    accumulation, a step ``GradScaler`` skipped) counts nothing.
 
     Raises:
         ValueError: for bad arguments, an optimizer without any of the model's
@@ -82,6 +91,7 @@ class Egeria:
         unfreeze_rule: UnfreezeRule | None = None,
         example_inputs: tuple | None = None,
         policy: FreezePolicy | None = None,
+        on_change: Callable[[Decision], Any] | None = None,
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
         if not isinstance(self.config, EgeriaConfig):
@@ -89,37 +99,31 @@ class Egeria:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         _check_optimizer(model, optimizer)
-        if total_steps is not None:
-            check_int(total_steps, "total_steps")
+        if on_change is not None and not callable(on_change):
+            raise ValueError(f"on_change must be callable, got {type(on_change).__name__}")
         self.policy: FreezePolicy = _choose_policy(self.config, policy, unfreeze_rule)
-        if getattr(self.policy, "requires_total_steps", False) and total_steps is None:
-            raise ValueError(
-                "EgeriaConfig.eval_interval=None derives n from total_steps, but total_steps=None; "
-                "pass total_steps=len(loader) * epochs or set eval_interval"
-            )
-        if isinstance(self.policy, KnowledgeGuided) and unfreeze_rule is None and type(lr_scheduler).__name__ in CYCLICAL_SCHEDULERS:
-            logger.warning(
-                "%s is cyclical: the default unfreeze rule (a %gx learning-rate drop) fits annealing "
-                "schedules; pass unfreeze_rule= for cyclical ones",
-                type(lr_scheduler).__name__,
-                self.config.unfreeze_lr_drop,
-            )
+        self._custom_unfreeze = unfreeze_rule is not None
         self.model = model
         self.optimizer = optimizer
-        self.total_steps = total_steps
+        self.total_steps: int | None = None
         self.steps = 0
         self.events: list[Decision] = []
+        self.on_change = on_change
+        self._output_loss: torch.Tensor | None = None
         self._own = OwnPasses(model)
         self._blocks = find_blocks(model, self.config.modules)
         check_blocks(model, self._blocks)
+        self._counter = OptimizerSteps(optimizer)
         self._partition: Partition | None = None
         self._partition_error: ValueError | None = None
         self._prefix: FrozenPrefix | None = None
         self._bound = False
         self._cache: Any = None  # an egeria.cache.ActivationCache once cache_loader() is called
         self._closed = False
+        self.set_schedule(total_steps=total_steps, lr_scheduler=lr_scheduler)
         self._trace: ExecutionTrace | None = ExecutionTrace(model, self._blocks)
         self._trace_end = mark(model.register_forward_hook(self._on_forward_end))
+        self._loss_hook = mark(model.register_forward_hook(self._capture_loss))
         if example_inputs is not None:
             if not isinstance(example_inputs, tuple):
                 raise ValueError(
@@ -232,23 +236,60 @@ class Egeria:
         )
         return wrapped
 
+    def set_schedule(self, *, total_steps: int | None = None, lr_scheduler: Any = None) -> None:
+        """Gives the run's length and its learning-rate scheduler once they are known (a
+        framework may know them only when training starts); before the first :meth:`step`.
+
+        Raises:
+            ValueError: a bad ``total_steps``; a policy that needs ``total_steps`` without it.
+            RuntimeError: after the first step (the policy already planned with the old values).
+        """
+        if total_steps is not None:
+            check_int(total_steps, "total_steps")
+            if self._bound:
+                raise RuntimeError("Egeria.set_schedule(total_steps=...) must come before the first step()")
+            self.total_steps = total_steps
+        if lr_scheduler is not None and isinstance(self.policy, KnowledgeGuided) and not self._custom_unfreeze:
+            if type(lr_scheduler).__name__ in CYCLICAL_SCHEDULERS:
+                logger.warning(
+                    "%s is cyclical: the default unfreeze rule (a %gx learning-rate drop) fits annealing "
+                    "schedules; pass unfreeze_rule= for cyclical ones",
+                    type(lr_scheduler).__name__,
+                    self.config.unfreeze_lr_drop,
+                )
+
     # -- the step boundary ---------------------------------------------------------
 
     def step(self, loss: torch.Tensor | float | None = None) -> list[Decision]:
-        """Call once per optimizer step, after ``optimizer.step()``.
+        """Call after ``optimizer.step()`` (and the scheduler's step); calls that follow no
+        optimizer step (micro-batches, skipped steps) are allowed and count nothing.
 
         Args:
             loss: the step's training loss (a scalar tensor or a number); used during
-                bootstrapping. Non-finite values are logged and ignored.
+                bootstrapping. Non-finite values are logged and ignored. None: the loss
+                the model's last training forward returned, where its output carries one
+                (``output.loss`` or ``output["loss"]``, as Hugging Face models do).
 
         Returns:
             Every decision applied at this step (freeze, unfreeze, end of bootstrapping).
 
         Raises:
             RuntimeError: when called before any forward pass of the model, or after close().
+            ValueError: a bad loss; more than one optimizer step since the last call; a
+                policy that needs ``total_steps`` without it.
         """
         self._check_open()
         loss_value = _checked_loss(loss)
+        if loss_value is None:
+            loss_value = self._output_loss
+        if not self._counter.boundary():
+            return []
+        if getattr(self.policy, "requires_total_steps", False) and self.total_steps is None and not self._bound:
+            raise ValueError(
+                "EgeriaConfig.eval_interval=None derives n from total_steps, but total_steps=None; "
+                "pass total_steps=len(loader) * epochs (optimizer steps), call eg.set_schedule(total_steps=...) "
+                "before training, or set eval_interval"
+            )
         prefix = self._bind()
         self.steps += 1
         before = len(self.events)
@@ -270,6 +311,18 @@ class Egeria:
     def _record(self, decision: Decision) -> None:
         self.events.append(decision)
         logger.info("step %d: %s %s (%s)", decision.step, decision.action, ", ".join(decision.modules), decision.reason)
+        if self.on_change is not None:
+            self.on_change(decision)
+
+    def _capture_loss(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """Keeps the loss a training forward returns in its output (no copy, no sync)."""
+        if not module.training or self._own.is_active():
+            return
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, Mapping):
+            loss = output.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self._output_loss = loss.detach().reshape(())
 
     def _bind(self) -> FrozenPrefix:
         """The frozen prefix; at the first call, also binds the policy to the layer modules."""
@@ -389,6 +442,7 @@ class Egeria:
         prefix = self._bind()
         prefix.move_to(int(state["frozen"]))
         self.policy.load_state_dict(state["policy_state"])
+        self._counter.settle()
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -406,6 +460,8 @@ class Egeria:
         if self._trace is not None:
             self._trace.remove()
             self._trace_end.remove()
+        self._loss_hook.remove()
+        self._counter.remove()
         if self._cache is not None:
             self._cache.close()
         self._closed = True

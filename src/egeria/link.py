@@ -39,6 +39,9 @@ class _Evaluation:
     activations: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+# Evaluations tried before the link judges whether most of them were lost.
+_STARVED_AFTER = 10
+
 class ControllerLink:
     """One controller, reached through an executor.
 
@@ -89,6 +92,7 @@ class ControllerLink:
         self._pending: list[Result] = []
         self._fallback_due: str | None = None  # a replacement decided in a forward hook
         self._warned = False
+        self._starved_warned = False
 
     @property
     def usable(self) -> bool:
@@ -237,7 +241,27 @@ class ControllerLink:
             accepted.append(result)
             taken += len(result.decision.modules)
         self._newly_frozen.extend(range(frozen, frozen + taken))  # applied by the worker now
+        self._warn_starved()
         return accepted
+
+    def _warn_starved(self) -> None:
+        """One WARNING once most evaluations tried were dropped (the controller still busy
+        with earlier ones) or ended in a decision discarded as too late: the controller
+        cannot keep pace with training, so little will ever freeze."""
+        if self._starved_warned:
+            return
+        tried = self.executor.sent + self.executor.dropped
+        lost = self.executor.dropped + self.discarded
+        if tried < _STARVED_AFTER or 2 * lost <= tried:
+            return
+        self._starved_warned = True
+        logger.warning(
+            "Egeria's controller cannot keep pace with training: of %d evaluations, %d were dropped (the controller "
+            "was still busy) and %d decisions came too late and were discarded, so modules freeze late or never. "
+            "Make a reading cheaper or rarer: EgeriaConfig(probe_size=..., reference_precision='bf16', "
+            "eval_interval=...), or give the controller cores (controller_cpus=...)",
+            tried, self.executor.dropped, self.discarded,
+        )
 
     def restart(self, frozen: int, window: int) -> None:
         """A new generation: the controller forgets its watch and watches module ``frozen``

@@ -137,5 +137,8 @@ class StatelessPolicy:
 def require_total_steps(info: StepInfo, policy: str) -> float:
     progress = info.progress
     if progress is None:
-        raise ValueError(f"the {policy!r} policy schedules by the share of training done; pass total_steps= to Egeria")
+        raise ValueError(
+            f"the {policy!r} policy schedules by the share of training done; pass total_steps= to Egeria "
+            "or call eg.set_schedule(total_steps=...) before training"
+        )
     return progress

@@ -1,0 +1,60 @@
+"""Which calls of ``Egeria.step()`` are training steps: those after an optimizer step.
+
+Egeria counts steps from the optimizer itself (``optimizer.register_step_post_hook``), so
+a loop may call ``eg.step()`` after every micro-batch (gradient accumulation, a
+framework's per-batch callback) or after a step that ``GradScaler`` skipped (it does not
+call ``optimizer.step()`` when gradients overflow): such calls count nothing. A call after
+two or more optimizer steps is an error (Egeria would miss step boundaries). An optimizer
+without step hooks (not a ``torch.optim.Optimizer``) counts every call, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["OptimizerSteps"]
+
+
+class OptimizerSteps:
+    """Counts ``optimizer.step()`` calls and tells each ``Egeria.step()`` whether it is a
+    step boundary."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.taken = 0  # optimizer steps since this counter was made
+        self.counted = 0  # of those, the ones Egeria.step() has accounted for
+        register = getattr(optimizer, "register_step_post_hook", None)
+        self._handle = register(self._on_step) if callable(register) else None
+
+    @property
+    def follows_optimizer(self) -> bool:
+        """Whether steps come from the optimizer (else every ``Egeria.step()`` counts)."""
+        return self._handle is not None
+
+    def boundary(self) -> bool:
+        """True when an ``Egeria.step()`` call now ends a training step (and accounts for it).
+
+        Raises:
+            ValueError: the optimizer stepped more than once since the previous call.
+        """
+        if self._handle is None:
+            return True
+        pending = self.taken - self.counted
+        if pending > 1:
+            raise ValueError(
+                f"the optimizer stepped {pending} times since the last Egeria.step(): call eg.step() once after "
+                "every optimizer.step() (calls between optimizer steps, e.g. per micro-batch, are fine)"
+            )
+        self.counted = self.taken
+        return pending == 1
+
+    def settle(self) -> None:
+        """Accounts for every optimizer step so far (a checkpoint was just loaded)."""
+        self.counted = self.taken
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.taken += 1

@@ -1,0 +1,132 @@
+"""What Egeria takes from the training loop: optimizer steps (not calls), the loss from
+the model's output, decisions as they happen, a schedule given late."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import egeria
+from tiny import Chain, batches, quick_config
+
+
+def _linear_policy(model, opt, total_steps, **kw):
+    config = egeria.EgeriaConfig(policy="linear", policy_options={"start": 0.5})
+    return egeria.Egeria(model, opt, config=config, total_steps=total_steps, **kw)
+
+
+def test_gradient_accumulation_counts_optimizer_steps_not_micro_batches():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = _linear_policy(model, opt, total_steps=10)  # 10 optimizer steps of 3 micro-batches
+    seen = []
+    for i, (x, y) in enumerate(batches(30)):
+        (F.cross_entropy(model(x), y) / 3).backward()
+        if i % 3 == 2:
+            opt.step()
+            opt.zero_grad()
+        seen.extend(eg.step())  # a framework's per-batch callback: every micro-batch
+    assert eg.steps == 10
+    assert [d.step for d in seen if d.action == "freeze"] and all(d.step <= 10 for d in seen)
+    assert eg.frozen == eg.modules[: eg.partition.freezable]  # the schedule ran to its end
+
+
+def test_a_step_the_grad_scaler_skips_is_not_counted():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    for i, (x, y) in enumerate(batches(4)):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss * (float("inf") if i == 1 else 1.0)).backward()  # step 2 overflows
+        scaler.step(opt)
+        scaler.update()
+        eg.step(loss)
+    assert eg.steps == 3
+
+
+def test_two_optimizer_steps_between_calls_are_a_clear_error():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    model(torch.randn(4, 8))
+    opt.step()
+    opt.step()
+    with pytest.raises(ValueError, match="stepped 2 times since the last Egeria.step"):
+        eg.step(torch.tensor(1.0))
+
+
+class _Output(dict):
+    """A Hugging Face-style output: a mapping whose fields are also attributes."""
+
+    __getattr__ = dict.__getitem__
+
+
+class _WithLoss(Chain):
+    def forward(self, x, labels=None):
+        logits = super().forward(x)
+        return _Output(logits=logits, loss=F.cross_entropy(logits, labels))
+
+
+@pytest.mark.parametrize("wrap", [_Output, dict])
+def test_the_loss_comes_from_the_models_output_when_step_gets_none(wrap):
+    model = _WithLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    eg = egeria.Egeria(model, opt, config=quick_config(eval_interval=2))
+    for x, y in batches(1) * 6:
+        out = model(x, labels=y)
+        out = wrap(out)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        eg.step()  # no loss given: the output's is used
+    assert eg.stage == "guided"  # bootstrapping ended on the recorded losses
+
+
+def test_on_change_gets_every_decision_as_it_is_applied():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    eg = _linear_policy(model, opt, total_steps=10, on_change=lambda d: got.append((eg.steps, d)))
+    for x, y in batches(10):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        eg.step(loss)
+    assert [d for _, d in got] == eg.events and got
+    assert all(step == d.step for step, d in got)  # called inside the step that applies it
+    with pytest.raises(ValueError, match="on_change must be callable"):
+        egeria.Egeria(model, opt, config=quick_config(), on_change="print")
+
+
+def test_close_removes_the_optimizer_hook():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    assert len(opt._optimizer_step_post_hooks) == 1
+    eg.close()
+    assert len(opt._optimizer_step_post_hooks) == 0
+
+
+def test_an_optimizer_without_step_hooks_counts_every_call():
+    class Plain:  # duck-typed: param_groups and step(), no hooks
+        def __init__(self, params):
+            self.param_groups = [{"params": list(params), "lr": 0.01}]
+
+        def step(self):
+            for p in self.param_groups[0]["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-0.01)
+
+    model: nn.Module = Chain()
+    opt = Plain(model.parameters())
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    for x, y in batches(3):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        eg.step()
+    assert eg.steps == 3
