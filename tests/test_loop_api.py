@@ -130,3 +130,35 @@ def test_an_optimizer_without_step_hooks_counts_every_call():
         opt.step()
         eg.step()
     assert eg.steps == 3
+
+
+def test_wrappers_are_seen_through_or_refused_with_the_fix():
+    from egeria.wrappers import unwrap
+
+    model = Chain()
+    compiled = torch.compile(model, backend="eager")
+    assert unwrap(compiled) == (model, [compiled])
+    with pytest.raises(ValueError, match="use DistributedDataParallel"):
+        unwrap(nn.DataParallel(model))
+
+    class FullyShardedDataParallel(nn.Module):  # stands for torch's FSDP
+        pass
+
+    with pytest.raises(ValueError, match="sharded across ranks"):
+        unwrap(FullyShardedDataParallel())
+
+
+def test_egeria_on_a_compiled_model_hooks_the_module_inside():
+    model = Chain()
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(compiled, opt, config=egeria.EgeriaConfig(policy="static", policy_options={"count": 2, "at_step": 2}))
+    for x, y in batches(4):
+        loss = F.cross_entropy(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        eg.step(loss)
+    assert eg.wrapper is compiled and eg.model is model
+    assert eg.frozen == eg.modules[:2]
+    assert not any(p.requires_grad for p in model.stem.parameters())

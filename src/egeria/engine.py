@@ -35,12 +35,14 @@ from .cache.attach import attach_loader
 from .checks import check_int
 from .config import EgeriaConfig
 from .decision import Decision
+from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .hooks import mark
 from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
 from .stepcount import OptimizerSteps
+from .wrappers import ddp_of, unwrap
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
@@ -54,7 +56,9 @@ class Egeria:
     """Freezes converged front layer modules of ``model`` while it trains.
 
     Args:
-        model: the model being trained (called by the user's loop).
+        model: the model being trained, as the loop calls it: the module itself or wrapped
+            in ``DistributedDataParallel`` and/or ``torch.compile`` (Egeria hooks and
+            splits the module inside; :mod:`egeria.wrappers`).
         optimizer: its optimizer; its param groups are never changed.
         config: hyperparameters; :class:`EgeriaConfig` defaults when None.
         lr_scheduler: the learning-rate scheduler, if any (used to warn about cyclical
@@ -74,6 +78,11 @@ class Egeria:
     Steps are counted from the optimizer (:mod:`egeria.stepcount`): a call of
     :meth:`step` that follows no ``optimizer.step()`` (a micro-batch of gradient
     accumulation, a step ``GradScaler`` skipped) counts nothing.
+
+    Under ``torchrun`` (an initialised process group of several ranks), rank 0 decides and
+    every rank applies its decisions at the same step; a ``DistributedDataParallel`` model
+    is rebuilt at every freeze and unfreeze so that frozen parameters are not all-reduced
+    (:mod:`egeria.distributed`). Build Egeria on every rank at the same point.
 
     Raises:
         ValueError: for bad arguments, an optimizer without any of the model's
@@ -98,6 +107,9 @@ class Egeria:
             raise ValueError(f"config must be an EgeriaConfig, got {type(self.config).__name__}")
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.wrapper = model
+        model, wrappers = unwrap(model)
+        self._ddp = ddp_of(wrappers)
         _check_optimizer(model, optimizer)
         if on_change is not None and not callable(on_change):
             raise ValueError(f"on_change must be callable, got {type(on_change).__name__}")
@@ -113,6 +125,7 @@ class Egeria:
         self._own = OwnPasses(model)
         self._blocks = find_blocks(model, self.config.modules)
         check_blocks(model, self._blocks)
+        self._ranks = Ranks() if distributed_run() else None
         self._counter = OptimizerSteps(optimizer)
         self._partition: Partition | None = None
         self._partition_error: ValueError | None = None
@@ -297,10 +310,26 @@ class Egeria:
         info = StepInfo(
             self.steps, self.total_steps, prefix.count, partition.freezable, current_lr(self.optimizer), loss_value
         )
-        target = self.policy.target(info)
-        if target is not None:
-            self._apply(target if isinstance(target, Move) else Move(int(target), f"{self.policy.name} policy"))
+        move = self._decide(info)
+        if self._ranks is not None:
+            move = self._ranks.agree(move)
+        if move is not None:
+            self._apply(move)
         return self.events[before:]
+
+    def _decide(self, info: StepInfo) -> Move | None:
+        """The policy's move at this boundary (on rank 0 only in a distributed run)."""
+        if not self._decides:
+            return None
+        target = self.policy.target(info)
+        if target is None or isinstance(target, Move):
+            return target
+        return Move(int(target), f"{self.policy.name} policy")
+
+    @property
+    def _decides(self) -> bool:
+        """Whether this process runs the policy: always, but rank 0 alone under torchrun."""
+        return self._ranks is None or self._ranks.leader
 
     def _apply(self, move: Move) -> None:
         assert self._prefix is not None
@@ -331,6 +360,8 @@ class Egeria:
             self._prefix = FrozenPrefix(self.model, partition, self._frozen_changed)
         if not self._bound:
             self._bound = True
+            if not self._decides:
+                return self._prefix
             self.policy.bind(
                 Binding(
                     self.model,
@@ -348,6 +379,8 @@ class Egeria:
     def _frozen_changed(self, count: int) -> None:
         if self._cache is not None:
             self._cache.set_frozen(count)
+        if self._ddp is not None:
+            rebuild_ddp(self._ddp)
 
     # -- the layer modules -----------------------------------------------------------
 
@@ -411,7 +444,8 @@ class Egeria:
             "frozen": prefix.count,
             "events": [d.to_dict() for d in self.events],
             "policy": self.policy.name,
-            "policy_state": self.policy.state_dict(),
+            # Under torchrun only rank 0 runs the policy; the other ranks' states lack it.
+            "policy_state": self.policy.state_dict() if self._decides else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -439,9 +473,12 @@ class Egeria:
         self._partition, self._prefix = partition, None
         self.steps = int(state["steps"])
         self.events = [Decision.from_dict(e) for e in state["events"]]
+        if self._decides and state["policy_state"] is None:
+            raise ValueError("this Egeria state was saved on a rank other than 0, which does not run the policy; load rank 0's")
         prefix = self._bind()
         prefix.move_to(int(state["frozen"]))
-        self.policy.load_state_dict(state["policy_state"])
+        if self._decides:
+            self.policy.load_state_dict(state["policy_state"])
         self._counter.settle()
 
     # -- life cycle ----------------------------------------------------------------
@@ -469,7 +506,8 @@ class Egeria:
     def _release(self, unfreeze: bool = True) -> None:
         """Unbinds the policy and lets go of the frozen prefix (unfrozen unless told not to)."""
         if self._bound:
-            self.policy.unbind()
+            if self._decides:
+                self.policy.unbind()
             self._bound = False
         if self._prefix is not None:
             if unfreeze:

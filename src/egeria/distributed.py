@@ -1,0 +1,129 @@
+"""Egeria under ``torchrun``: one decision source, the same frozen set on every rank at the
+same step, and frozen parameters out of DDP's all-reduce.
+
+- :class:`Ranks`: rank 0 runs the freezing policy (and Egeria's controller); at every step
+  boundary it broadcasts the frozen count it wants (one int64 over a CPU ``gloo`` group,
+  so a GPU job does not synchronise its stream for it), and the move's reason when there
+  is one. Every rank applies the same move at the same step.
+- :func:`rebuild_ddp`: ``DistributedDataParallel`` registers the parameters that need
+  gradients when it is built, and expects each of them to get one every step. After a
+  freeze or an unfreeze Egeria builds it again, in place (the object the loop calls stays
+  the same), over the parameters that now train, with the options it had, its
+  communication hooks and its own hooks kept: frozen parameters are no longer
+  all-reduced, and unfrozen ones are again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .policies import Move
+
+__all__ = ["Ranks", "distributed_run", "rebuild_ddp", "check_ddp"]
+
+logger = logging.getLogger(__name__)
+
+# nn.Module.__init__ resets these; the wrapper's own hooks must survive a rebuild.
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+
+
+def distributed_run() -> bool:
+    """Whether this process is one of several ranks of an initialised process group."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class Ranks:
+    """The ranks of a distributed run agreeing on Egeria's moves; rank 0 decides.
+
+    Build it on every rank at the same point (it may create a process group).
+    """
+
+    def __init__(self) -> None:
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        # A CPU group for the decisions: a broadcast over NCCL would need a device tensor
+        # and a synchronising read of it at every step.
+        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def agree(self, move: Move | None) -> Move | None:
+        """Rank 0's ``move`` (None: keep the frozen set), on every rank."""
+        head = torch.tensor([-1 if move is None else move.frozen], dtype=torch.int64)
+        dist.broadcast(head, src=0, group=self.group)
+        target = int(head.item())
+        if target < 0:
+            return None
+        detail: list[Any] = [None if move is None else (move.reason, move.evaluated_at)]
+        dist.broadcast_object_list(detail, src=0, group=self.group)
+        reason, evaluated_at = detail[0]
+        return Move(target, reason if self.leader else f"rank 0: {reason}", evaluated_at)
+
+
+def check_ddp(ddp: nn.Module) -> None:
+    """Refuses DDP options a rebuild cannot carry over.
+
+    Raises:
+        ValueError: naming the option.
+    """
+    if getattr(ddp, "_delay_all_reduce_params", None):
+        raise ValueError(
+            "Egeria rebuilds DistributedDataParallel when modules freeze and cannot carry over "
+            "delay_all_reduce_named_params; build the DDP without it"
+        )
+
+
+def rebuild_ddp(ddp: nn.Module) -> None:
+    """Builds ``ddp`` again, in place, over the parameters that need gradients now.
+
+    Keeps its options, its communication hooks, its own module hooks and its mode; the
+    replicas are not re-broadcast (they agree already).
+    """
+    check_ddp(ddp)
+    hooks = list(getattr(ddp, "_comm_hooks", []))
+    kept = {name: getattr(ddp, name) for name in _MODULE_HOOKS if hasattr(ddp, name)}
+    training = ddp.training
+    options = dict(
+        device_ids=ddp.device_ids,
+        output_device=ddp.output_device,
+        dim=ddp.dim,
+        process_group=ddp.process_group,
+        bucket_cap_mb=ddp.bucket_bytes_cap / 2**20,
+        find_unused_parameters=ddp.find_unused_parameters,
+        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        static_graph=ddp.static_graph,
+        mixed_precision=getattr(ddp, "mixed_precision", None),
+        init_sync=False,
+    )
+    if hasattr(ddp, "forward_sync_buffers"):  # torch >= 2.12 names it so
+        options["forward_sync_buffers"] = ddp.forward_sync_buffers
+    else:
+        options["broadcast_buffers"] = ddp.broadcast_buffers
+    module = ddp.module
+    type(ddp).__init__(ddp, module, **options)
+    for name, value in kept.items():
+        setattr(ddp, name, value)
+    ddp.training = training  # the wrapper's flag only: the modules inside keep theirs
+    for hook, state in hooks:
+        ddp.register_comm_hook(state, hook)
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    logger.info("Egeria: DistributedDataParallel rebuilt over %d trainable parameters", trainable)

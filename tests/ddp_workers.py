@@ -1,0 +1,109 @@
+"""Worker processes of the torchrun-style tests: 2 ranks over gloo on CPU (not a test file).
+
+Each worker writes what it saw to ``<out>/rank<R>.pt``; the test compares the ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+import egeria
+from tiny import Chain, batches, quick_config
+
+
+def _counting_hook(sent: list[int], world: int):
+    """A DDP communication hook that all-reduces (averages) as DDP does and counts the bytes."""
+
+    def hook(state, bucket):
+        buffer = bucket.buffer()
+        sent.append(buffer.numel() * buffer.element_size())
+        work = dist.all_reduce(buffer.div_(world), async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    return hook
+
+
+def _ddp(model, sent, world):
+    ddp = DistributedDataParallel(model)  # find_unused_parameters=False: the default
+    ddp.register_comm_hook(None, _counting_hook(sent, world))
+    return ddp
+
+
+def _step(ddp, opt, eg, x, y, sent) -> tuple[list, int]:
+    before = len(sent)
+    loss = F.cross_entropy(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    decisions = eg.step(loss)
+    return decisions, sum(sent[before:])
+
+
+def _frozen_params(model, eg) -> list[torch.Tensor]:
+    named = dict(model.named_parameters())
+    return [named[p] for m in eg.partition.modules if m.name in eg.frozen for p in m.params]
+
+
+def _trainable_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def freeze_resume_unfreeze(rank: int, world: int, init_file: str, out: str) -> None:
+    """Train until rank 0's controller freezes, keep training, checkpoint, resume into a
+    fresh DDP model, then a 10x LR drop unfreezes; record events, bytes and weights."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = Chain()
+    sent: list[int] = []
+    ddp = _ddp(model, sent, world)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    eg = egeria.Egeria(ddp, opt, config=quick_config())
+    data = batches(1, seed=rank + 1) * 400  # each rank its own data
+    record: dict = {"bytes": {}, "events": []}
+    full = _trainable_bytes(model)
+    for i, (x, y) in enumerate(data):
+        _, nbytes = _step(ddp, opt, eg, x, y, sent)
+        if eg.frozen:
+            break
+    record["bytes"]["before_freeze"] = (nbytes, full)  # the freeze applies after this step
+    frozen = [p.detach().clone() for p in _frozen_params(model, eg)]
+    for x, y in data[:5]:
+        _, nbytes = _step(ddp, opt, eg, x, y, sent)
+    record["bytes"]["frozen"] = (nbytes, _trainable_bytes(model))
+    still = [p.detach() for p in _frozen_params(model, eg)][: len(frozen)]
+    record["frozen_unchanged"] = all(torch.equal(a, b) for a, b in zip(frozen, still)) and len(frozen) > 0
+
+    # Checkpoint as a torchrun job saves one: rank 0's Egeria state, every rank's weights equal.
+    saved = [eg.state_dict() if rank == 0 else None]
+    dist.broadcast_object_list(saved, src=0)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    opt_state = opt.state_dict()
+    record["frozen_at_checkpoint"] = list(eg.frozen)
+    record["events"] += [d.to_dict() for d in eg.events]
+    eg.close()
+
+    torch.manual_seed(100 + rank)  # different weights until the checkpoint is loaded
+    model2 = Chain()
+    model2.load_state_dict(weights)
+    sent.clear()
+    ddp2 = _ddp(model2, sent, world)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=1e-4, momentum=0.9)
+    opt2.load_state_dict(opt_state)
+    eg2 = egeria.Egeria(ddp2, opt2, config=quick_config())
+    eg2.load_state_dict(saved[0])
+    record["frozen_after_resume"] = list(eg2.frozen)
+    _, nbytes = _step(ddp2, opt2, eg2, *data[0], sent)
+    record["bytes"]["resumed"] = (nbytes, _trainable_bytes(model2))
+    for group in opt2.param_groups:
+        group["lr"] *= 0.1
+    decisions, _ = _step(ddp2, opt2, eg2, *data[1], sent)
+    record["unfreeze"] = [d.to_dict() for d in decisions]
+    for x, y in data[2:8]:
+        _, nbytes = _step(ddp2, opt2, eg2, x, y, sent)
+    record["bytes"]["unfrozen"] = (nbytes, _trainable_bytes(model2), full)
+    record["weights"] = torch.cat([p.detach().flatten() for p in model2.parameters()])
+    eg2.close()
+    torch.save(record, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
