@@ -15,7 +15,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 # torch first and pinned: a CPU build; an unpinned torch would pull several GB of CUDA wheels.
+# The constraints file keeps it pinned while the package and its extras (transformers,
+# lightning) install.
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
-  .venv/bin/pip install -q torch==2.13.0
+  .venv/bin/pip install -q -c scripts/constraints.txt torch
 fi
-.venv/bin/pip install -q -e ".[test]"
+.venv/bin/pip install -q -c scripts/constraints.txt -e ".[test]"
