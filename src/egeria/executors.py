@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from .cpuload import CpuLoad
+from .device import safe_start_method
 from .nested import map_tensors
 from .protocol import Control, Readout, Reply, Request, Result
 from .service import Channels, ControllerSpec, Service, process_main
@@ -328,6 +329,9 @@ class ProcessExecutor(_QueueExecutor):
         import torch.multiprocessing as tmp
 
         ctx = tmp.get_context(start_method)
+        safe = safe_start_method(ctx.get_start_method())
+        if safe != ctx.get_start_method():
+            ctx = tmp.get_context(safe)
         if ctx.get_start_method() == "fork" and spec.threads != 1:
             # OpenMP is not fork-safe: a forked child that runs torch ops on more than one
             # thread after the parent used its thread pool hangs.

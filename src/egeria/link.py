@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from .device import HostCopy, as_float32
 from .executors import ControllerStartError, Executor, ThreadExecutor
 from .protocol import Readout, Request, Result, result_from_json, result_to_json
 from .service import ControllerSpec
@@ -33,10 +34,10 @@ class _Evaluation:
 
     step: int
     module: int
-    batch: tuple
+    batch: HostCopy  # the call arguments, on their way to the host
     sent: bool = False  # its request went to the controller
     open: bool = True  # its forward pass is running (activations may be captured)
-    activations: dict[int, torch.Tensor] = field(default_factory=dict)
+    activations: dict[int, HostCopy] = field(default_factory=dict)
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -105,13 +106,14 @@ class ControllerLink:
         """Capture the forward pass of ``step`` (None: none)."""
         self.armed_for = step if self.usable else None
 
-    def begin(self, step: int, module: int, batch: Callable[[], tuple], send: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+    def begin(self, step: int, module: int, batch: Callable[[], HostCopy], send: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
-        the request now when ``send`` (guided freezing is on)."""
+        the request now when ``send`` (guided freezing is on) and the batch is on the host
+        already (on the CPU; a device's copy is sent at the step boundary instead)."""
         if self.armed_for != step or self.evaluation is not None:
             return
         evaluation = _Evaluation(step, module, batch())
-        if send and not self._offer(evaluation, state, in_hook=True):
+        if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
         self.evaluation = evaluation
 
@@ -126,7 +128,7 @@ class ControllerLink:
             and module not in e.activations
         )
 
-    def capture(self, module: int, activation: torch.Tensor) -> None:
+    def capture(self, module: int, activation: HostCopy) -> None:
         assert self.evaluation is not None
         self.evaluation.activations[module] = activation
 
@@ -149,7 +151,7 @@ class ControllerLink:
             if any(i not in evaluation.activations for i in watched):
                 self._cancel()
                 return False
-            activations = [evaluation.activations[i] for i in watched]
+            activations = [evaluation.activations[i].get() for i in watched]
         weights = self._front_weights(state(), evaluation.module)
         self.executor.readout(Readout(self.seq, activations, weights))
         return True
@@ -167,7 +169,7 @@ class ControllerLink:
             self.generation,
             evaluation.step,
             evaluation.module,
-            evaluation.batch,
+            as_float32(evaluation.batch.get()),
             self.executor.weights(state(), self.keys.of(final, loose=False)) if final else None,
             final,
         )

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from .device import pack_to_host
 from .hooks import is_marked
 from .partition import Partition
 
@@ -81,16 +82,11 @@ class PackedState:
     """
 
     def __init__(self, state: Mapping[str, torch.Tensor], keys: Sequence[str]) -> None:
-        tensors = [state[k].detach() for k in keys]
-        sizes: dict[torch.dtype, int] = {}
-        self.entries: list[tuple[str, torch.dtype, int, tuple[int, ...]]] = []
-        for key, t in zip(keys, tensors):
-            offset = sizes.get(t.dtype, 0)
-            self.entries.append((key, t.dtype, offset, tuple(t.shape)))
-            sizes[t.dtype] = offset + t.numel()
-        self.buffers = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
-        for (_, dtype, offset, _), t in zip(self.entries, tensors):
-            self.buffers[dtype][offset : offset + t.numel()].copy_(t.reshape(-1))
+        tensors = [state[k] for k in keys]
+        self.buffers, where = pack_to_host(tensors)  # one copy per dtype (egeria.device)
+        self.entries: list[tuple[str, torch.dtype, int, tuple[int, ...]]] = [
+            (key, dtype, offset, tuple(t.shape)) for key, t, (dtype, offset) in zip(keys, tensors, where)
+        ]
 
     def unpack(self) -> dict[str, torch.Tensor]:
         """The entries as views into the buffers."""

@@ -32,9 +32,10 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
+from ..device import HostCopy, Stopwatch, to_device, wait_for
 from ..hooks import mark
 from ..partition import Partition
-from .prefetch import Prefetcher, to_device
+from .prefetch import Prefetcher
 from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
 from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table
 
@@ -131,8 +132,10 @@ class ActivationCache:
         self.position = -1
         self._keys: list[int] | None = None
         self._stubs: list[nn.Module] = []
-        self._recording: tuple[_Level, list[int], float] | None = None
-        self._timing: tuple[_Level, str, float] | None = None  # (level, "compute"/"serve", start)
+        self._recording: tuple[_Level, list[int]] | None = None
+        self._timing: tuple[_Level, str, Stopwatch] | None = None  # (level, "compute"/"serve", watch)
+        self._unsettled: list[tuple[_Level, str, Stopwatch, float]] = []  # timed, time not known yet
+        self._unwritten: tuple[_Level, list[int], HostCopy] | None = None  # the last boundary output
         self._write_s = 0.0
         self._self_forward = False
         self._spec_handles: list = []  # output-shape hooks of the forward pass being recorded
@@ -157,6 +160,7 @@ class ActivationCache:
 
     def set_frozen(self, frozen: int) -> None:
         """The frozen prefix is now ``frozen`` modules; an unfreeze drops every level."""
+        self._flush()
         if frozen < self.frozen:
             self._drop(lambda level: True)
             if self.prefetcher is not None:
@@ -166,6 +170,9 @@ class ActivationCache:
     # -- hooks -----------------------------------------------------------------------
 
     def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not self._self_forward:
+            self._flush()
+        self._settle_timings()
         remove_stubs(self._stubs)
         self._stubs = []
         self._recording = None
@@ -182,7 +189,7 @@ class ActivationCache:
             self._turn_off(f"the batch's first input does not have the {batch} samples of its keys in dimension 0")
             return
         self.stats["batches"] += 1
-        started = time.perf_counter()
+        started = Stopwatch(_device(self.model))
         if level.has(keys) and level.serving is not False:
             output = self._cached(level, keys, args, kwargs)
             if output is not None:
@@ -197,7 +204,7 @@ class ActivationCache:
                 self._stubs = install_stubs(self.model, older.blocks, older.boundary, output, older.specs, batch)
                 self.stats["chained"] += 1
         self.stats["computed"] += 1
-        self._recording = (level, keys, time.perf_counter())
+        self._recording = (level, keys)
         self._write_s = 0.0
         if not self._stubs:
             self._timing = (level, "compute", started)
@@ -207,14 +214,10 @@ class ActivationCache:
         if self._self_forward:
             return
         if self._timing is not None:
-            level, kind, started = self._timing
-            elapsed = time.perf_counter() - started
-            if kind == "compute":
-                level.compute_s.append(elapsed - self._write_s)  # the cache's own write excluded
-            else:
-                level.serve_s.append(elapsed)
-            if level.serving is None and self.serve == "auto":
-                self._decide(level)
+            level, kind, watch = self._timing
+            watch.stop()
+            self._unsettled.append((level, kind, watch, self._write_s))
+            self._settle_timings()
         self._timing = None
         remove_stubs(self._stubs)
         self._stubs = []
@@ -228,15 +231,42 @@ class ActivationCache:
             recording = self._recording
             if recording is None or recording[0] is not level or self.off:
                 return
-            _, keys, _ = recording
+            _, keys = recording
             started = time.perf_counter()
-            try:
-                self._write(level, keys, output)
-            except StoreFull as err:
-                self._turn_off(f"a cache write failed ({err})")
+            self._unwritten = (level, keys, HostCopy(output))  # written at the next forward's start
             self._write_s += time.perf_counter() - started
 
         return hook
+
+    def _flush(self) -> None:
+        """Writes the boundary output copied during the previous forward pass (the copy had
+        that long to finish, so a device's copy rarely makes the host wait)."""
+        if self._unwritten is None:
+            return
+        (level, keys, copy), self._unwritten = self._unwritten, None
+        if self.off or self.levels.get(level.frozen) is not level:
+            return  # the level was dropped meanwhile
+        try:
+            self._write(level, keys, copy.get())
+        except StoreFull as err:
+            self._turn_off(f"a cache write failed ({err})")
+
+    def _settle_timings(self) -> None:
+        """Counts the timed forward passes whose time is known by now (on a device, once
+        its events completed: the host never waits for them)."""
+        waiting = []
+        for level, kind, watch, write_s in self._unsettled:
+            seconds = watch.seconds()
+            if seconds is None:
+                waiting.append((level, kind, watch, write_s))
+                continue
+            if kind == "compute":
+                level.compute_s.append(seconds - write_s)  # the cache's own copy excluded
+            else:
+                level.serve_s.append(seconds)
+            if level.serving is None and self.serve == "auto":
+                self._decide(level)
+        self._unsettled = waiting
 
     def _capture_specs(self, level: _Level, batch: int) -> None:
         missing = [b for b in level.blocks if b not in level.specs]
@@ -319,25 +349,34 @@ class ActivationCache:
 
     # -- reading ---------------------------------------------------------------------
 
-    def _read(self, level: _Level, keys: list[int]) -> Any:
+    def _read(self, level: _Level, keys: list[int]) -> tuple[Any, list[Any]]:
+        """The level's output for ``keys`` on the model's device, and the copy events its
+        user must wait on (:func:`egeria.device.wait_for`; none on the CPU). Runs in the
+        prefetch thread too."""
         assert level.tables is not None
         device = _device(self.model)
-        return rebuild(level.template, [to_device(t.read(keys), device) for t in level.tables])
+        moved = [to_device(t.read(keys), device) for t in level.tables]
+        return rebuild(level.template, [t for t, _ in moved]), [(t, e) for t, e in moved if e is not None]
 
     def _cached(self, level: _Level, keys: list[int], args: tuple, kwargs: dict) -> Any:
         """The level's output for ``keys`` (prefetched, or read now), after the level's
         one-time checks; None when it must be computed instead."""
-        found, output, error = (False, None, None)
+        found, arrival, error = (False, None, None)
         if self.prefetcher is not None:
-            found, output, error = self.prefetcher.take(level, self.position)
+            found, arrival, error = self.prefetcher.take(level, self.position)
         if not found:
             self.stats["prefetch_misses"] += 1
             try:
-                output = self._read(level, keys)
+                arrival = self._read(level, keys)
             except CorruptRows as err:
                 error = err
         else:
             self.stats["prefetch_hits"] += 1
+        output = None
+        if arrival is not None:
+            output, pending = arrival
+            for tensor, event in pending:
+                wait_for(tensor, event)
         if error is not None:
             self.stats["corrupt"] += 1
             logger.warning("activation cache: %s; recomputing the batch", error)
@@ -438,6 +477,7 @@ class ActivationCache:
     def close(self) -> None:
         remove_stubs(self._stubs)
         self._stubs = []
+        self._unwritten = None
         for handle in self._handles:
             handle.remove()
         self._drop(lambda level: True)

@@ -88,7 +88,4 @@ class Prefetcher:
                     self.ready[(tag, position)] = (value, error)
 
 
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+

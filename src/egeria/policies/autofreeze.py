@@ -20,9 +20,12 @@ class AutoFreeze:
     of the active modules' changes are converged, and the contiguous front run of them
     freezes.
 
-    The gradient norm of a module is the L2 norm of all its parameters' gradients,
-    accumulated over the interval by hooks that run as each gradient is accumulated
-    (so it works with ``optimizer.zero_grad()`` before or after ``Egeria.step``).
+    The gradient norm of a module is the L2 norm of all its parameters' gradients, read
+    just before each optimizer step (``optimizer.register_step_pre_hook``) and summed over
+    the interval: the gradients are then complete (all micro-batches of an accumulation
+    summed), unscaled by ``GradScaler`` (which unscales before stepping), and a step that
+    ``GradScaler`` skips for overflowing gradients never reaches the hook; the order of
+    ``optimizer.zero_grad()`` and ``Egeria.step`` does not matter.
 
     Args:
         interval: steps between two decisions (AutoFreeze's evaluation interval).
@@ -34,6 +37,7 @@ class AutoFreeze:
     name: str = "autofreeze"
     previous: list[float] | None = None
     _sums: list[torch.Tensor] = field(default_factory=list, repr=False)
+    _params: list[list[torch.Tensor]] = field(default_factory=list, repr=False)
     _handles: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -45,19 +49,23 @@ class AutoFreeze:
         partition = binding.partition
         named = dict(binding.model.named_parameters())
         self._sums = [torch.zeros((), dtype=torch.float64) for _ in partition.modules]
-        for index, module in enumerate(partition.modules[: partition.freezable]):
-            for name in module.params:
-                param = named[name]
-                if param.requires_grad:
-                    self._handles.append(param.register_post_accumulate_grad_hook(self._adder(index)))
+        self._params = [[named[name] for name in module.params] for module in partition.modules[: partition.freezable]]
+        register = getattr(binding.optimizer, "register_step_pre_hook", None)
+        if not callable(register):
+            raise ValueError(
+                f"the autofreeze policy reads gradients from optimizer step hooks, which "
+                f"{type(binding.optimizer).__name__} lacks; use a torch.optim.Optimizer"
+            )
+        self._handles.append(register(self._add_step))
 
-    def _adder(self, index: int):
-        def add(param: torch.Tensor) -> None:
-            if param.grad is not None:
-                squared = param.grad.detach().double().pow(2).sum()
+    def _add_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """Adds this step's squared gradient norm of each freezable module (frozen ones
+        have no gradients)."""
+        for index, params in enumerate(self._params):
+            grads = [p.grad.detach() for p in params if p.grad is not None]
+            if grads:
+                squared = torch.stack([g.double().pow(2).sum() for g in grads]).sum()
                 self._sums[index] = self._sums[index].to(squared.device) + squared
-
-        return add
 
     def unbind(self) -> None:
         for handle in self._handles:

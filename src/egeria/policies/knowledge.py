@@ -33,6 +33,7 @@ from ..executors import Executor, make_executor
 from ..hooks import mark
 from ..link import ControllerLink
 from ..nested import leaves, map_tensors
+from ..device import HostCopy
 from ..nested import first_tensor
 from ..placement import controller_threads, resolve_executor, resolve_precision
 from ..service import ControllerSpec
@@ -264,7 +265,7 @@ class KnowledgeGuided:
             if self.link is not None and self.link.wants_activation(index):
                 tensor = first_tensor(output)
                 if tensor is not None:
-                    self.link.capture(index, _cpu_copy(tensor))
+                    self.link.capture(index, HostCopy(tensor))
 
         return hook
 
@@ -350,15 +351,11 @@ class KnowledgeGuided:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
 
 
-def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
-
-
-def _probe_copy(batch: tuple, size: int | None) -> tuple:
-    """A CPU copy of the call arguments (the loop may reuse its input buffers), cut to the
+def _probe_copy(batch: tuple, size: int | None) -> HostCopy:
+    """A host copy of the call arguments (the loop may reuse its input buffers), cut to the
     first ``size`` samples: tensors whose first dimension is the batch's are sliced."""
     tensors = leaves(batch)
     rows = tensors[0].shape[0] if tensors and tensors[0].dim() > 0 else None
     if size is None or rows is None or rows <= size:
-        return map_tensors(batch, _cpu_copy)
-    return map_tensors(batch, lambda t: _cpu_copy(t[:size] if t.dim() > 0 and t.shape[0] == rows else t))
+        return HostCopy(batch)
+    return HostCopy(map_tensors(batch, lambda t: t[:size] if t.dim() > 0 and t.shape[0] == rows else t))

@@ -1,0 +1,71 @@
+"""egeria.device on CPU tensors: the copies, timing and start method the GPU paths use, and
+the link's handling of a host copy that is not ready yet (as a GPU copy may not be)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import egeria
+import egeria.device
+from egeria.device import HostCopy, Stopwatch, as_float32, pack_to_host, safe_start_method, to_device, wait_for
+from tiny import Chain, batches, quick_config, train
+
+
+def test_a_host_copy_is_independent_of_the_source_and_keeps_the_tree():
+    x, ids = torch.randn(4, 3), torch.arange(4)
+    copy = HostCopy(((x, {"ids": ids}), {"flag": True}))
+    x.add_(1.0)
+    assert copy.ready()
+    (cx, extra), kwargs = copy.get()
+    assert torch.equal(cx + 1.0, x) and torch.equal(extra["ids"], ids) and kwargs == {"flag": True}
+    half = as_float32((x.to(torch.bfloat16), ids))
+    assert half[0].dtype == torch.float32 and half[1].dtype == torch.int64
+
+
+def test_pack_to_host_makes_one_buffer_per_dtype_with_each_tensors_offset():
+    a, b, c = torch.randn(2, 3), torch.arange(5), torch.randn(4)
+    buffers, where = pack_to_host([a, b, c])
+    assert set(buffers) == {torch.float32, torch.int64}
+    assert where == [(torch.float32, 0), (torch.int64, 0), (torch.float32, 6)]
+    assert torch.equal(buffers[torch.float32][6:10], c) and torch.equal(buffers[torch.int64], b)
+    a.zero_()
+    assert buffers[torch.float32][:6].abs().sum() > 0  # a copy, not a view of the model's weights
+
+
+def test_cpu_paths_of_device_copies_timing_and_start_method(monkeypatch):
+    t = torch.randn(3)
+    moved, event = to_device(t, torch.device("cpu"))
+    assert event is None and wait_for(moved, event) is moved and torch.equal(moved, t)
+    watch = Stopwatch(torch.device("cpu"))
+    assert watch.seconds() is None
+    watch.stop()
+    assert watch.seconds() >= 0
+    assert safe_start_method("fork") == "fork"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert safe_start_method("fork") == "spawn" and safe_start_method("forkserver") == "forkserver"
+
+
+def test_a_batch_copy_not_ready_in_the_forward_goes_out_at_the_step_boundary(monkeypatch):
+    """On a GPU the batch's host copy is usually not done when the forward hook starts it;
+    the request must then go out at the boundary, and the run decide exactly as when the
+    copy is ready at once (inline executor: the same readings, the same freezes)."""
+
+    def run():
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+        eg = egeria.Egeria(model, opt, config=quick_config(window=3))
+        decisions = train(model, opt, eg, batches(1) * 60)
+        history = [(r["step"], r["module"], r["plasticity"]) for r in eg.history]
+        eg.close()
+        return decisions, history
+
+    ready = run()
+    waits: list[bool] = []
+    original = HostCopy.ready
+    monkeypatch.setattr(HostCopy, "ready", lambda self: waits.append(True) and False)
+    late = run()
+    monkeypatch.setattr(HostCopy, "ready", original)
+    assert waits and ready[0] and late == ready

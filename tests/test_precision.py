@@ -1,0 +1,91 @@
+"""Half-precision models and mixed precision: the controller reads them in fp32, freezing
+works, GradScaler's skipped steps and scaled gradients mislead no policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import egeria
+from tiny import batches, quick_config, tiny_cnn
+
+
+def _train_half(dtype: torch.dtype, steps: int):
+    torch.manual_seed(0)
+    model = tiny_cnn().to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    snapshot: dict[str, torch.Tensor] = {}
+    for x, y in batches(1, image=True) * steps:
+        loss = F.cross_entropy(model(x.to(dtype)).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if eg.step(loss) and not snapshot:
+            snapshot = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    return model, eg, snapshot
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_freezes_and_its_frozen_weights_stay(dtype):
+    model, eg, snapshot = _train_half(dtype, 40)
+    assert eg.frozen and eg.controller_stats["failure"] is None
+    assert eg.history and all(r["plasticity"] == r["plasticity"] for r in eg.history)  # finite readings
+    assert snapshot and all(torch.equal(p, snapshot[n]) for n, p in model.named_parameters() if n in snapshot)
+    eg.close()
+
+
+def test_autocast_with_a_grad_scaler_freezes_and_skipped_steps_count_nothing():
+    torch.manual_seed(0)
+    model = tiny_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    skipped = 0
+    for i, (x, y) in enumerate(batches(1, image=True) * 40):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss * (float("inf") if i % 10 == 5 else 1.0)).backward()  # 4 overflowing steps
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped += scaler.get_scale() < scale
+        eg.step(loss)
+    assert skipped == 4 and eg.steps == 36
+    assert eg.frozen
+    eg.close()
+
+
+def test_autofreeze_reads_unscaled_gradients_and_ignores_overflowing_steps():
+    """One overflow step used to make AutoFreeze freeze every module at once (it summed the
+    scaled, infinite gradients); with the norms read before each real optimizer step, a
+    run with overflows decides as the same run without them."""
+
+    def run(overflow: bool) -> list[tuple[int, tuple[str, ...]]]:
+        torch.manual_seed(0)
+        model = tiny_cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        config = egeria.EgeriaConfig(policy="autofreeze", policy_options={"interval": 5})
+        eg = egeria.Egeria(model, opt, config=config)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=10**6)
+        data = batches(40, image=True)
+        if overflow:
+            data = data[:12] + [data[12]] + data[12:]  # one extra, overflowing step
+        for i, (x, y) in enumerate(data):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss * (float("inf") if overflow and i == 12 else 1.0)).backward()
+            scaler.step(opt)
+            if not (overflow and i == 12):
+                scaler.update()  # keep the scale: the two runs see the same scaled gradients
+            else:
+                scaler.update(1024.0)
+            eg.step(loss)
+        events = [(d.step, d.modules) for d in eg.events]
+        eg.close()
+        return events
+
+    clean, overflowed = run(False), run(True)
+    assert clean and overflowed == clean
