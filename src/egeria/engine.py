@@ -231,8 +231,13 @@ class Egeria:
             that is not a pure function of the sample; a warning says why).
 
         Raises:
-            ValueError: for a bad limit, dtype or loader.
+            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``.
         """
+        if self.wrapper is not self.model and _compiled(self.wrapper):
+            raise ValueError(
+                "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
+                "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
+            )
         wrapped, self._cache = attach_loader(
             loader,
             self._cache,
@@ -537,6 +542,17 @@ def _choose_policy(config: EgeriaConfig, policy: FreezePolicy | None, unfreeze_r
     if unfreeze_rule is not None:
         raise ValueError("unfreeze_rule= applies to Egeria's own policy; give it to KnowledgeGuided(unfreeze_rule=...)")
     return policy
+
+
+def _compiled(wrapper: nn.Module) -> bool:
+    """Whether ``wrapper`` or a wrapper inside it is a ``torch.compile`` module."""
+    while True:
+        if hasattr(wrapper, "_orig_mod"):
+            return True
+        inner = getattr(wrapper, "module", None)
+        if not isinstance(inner, nn.Module):
+            return False
+        wrapper = inner
 
 
 def _checked_loss(loss: Any) -> torch.Tensor | float | None:

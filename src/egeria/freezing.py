@@ -44,7 +44,8 @@ class EvalLock:
     def __init__(self, module: nn.Module) -> None:
         self._module = module
         self._set_eval()
-        self._handle: RemovableHandle | None = mark(module.register_forward_pre_hook(self._before_forward))
+        # traced: it only keeps module flags, which torch.compile guards on anyway
+        self._handle: RemovableHandle | None = mark(module.register_forward_pre_hook(self._before_forward), traced=True)
 
     def _set_eval(self) -> None:
         for sub in self._module.modules():
