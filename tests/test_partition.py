@@ -59,7 +59,7 @@ def test_transformer_lm_partition():
     assert_covers_every_parameter_once(model, partition)
 
 
-def test_hf_style_tied_embeddings_stay_trainable_with_the_head():
+def test_hf_style_tied_embedding_is_owned_by_the_head_and_its_lookup_detached_when_frozen():
     config = TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16)
     model = TinyGPTModel(config)
     assert model.lm_head.weight is model.transformer.wte.weight
@@ -72,20 +72,32 @@ def test_hf_style_tied_embeddings_stay_trainable_with_the_head():
     assert "transformer.wte.weight" in partition.modules[-1].params
     assert "transformer.wte.weight" not in partition.modules[0].params
     assert "transformer.wte" in partition.modules[0].blocks
-    # Module 0 uses the head's weight, so it (and every module after it) stays trainable.
-    assert partition.freezable == 0
+    # Module 0 reads the head's weight through an embedding lookup: it can freeze, detached.
+    assert partition.freezable == len(partition) - 1
+    assert partition.modules[0].detached == ["transformer.wte"]
 
 
-def test_tied_model_never_freezes_and_untied_one_can(caplog):
+def test_tied_and_untied_models_both_freeze_all_but_the_head():
     tied = TinyGPTModel(TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16))
-    with caplog.at_level("WARNING", logger="egeria"):
-        eg, partition = partition_of(tied, (torch.randint(0, 40, (2, 8)),), max_modules=8)
-    assert "tied weights" in caplog.text and "stay trainable" in caplog.text
+    eg, partition = partition_of(tied, (torch.randint(0, 40, (2, 8)),), max_modules=8)
+    assert partition.freezable == len(partition) - 1
+    restored = egeria.Partition.from_state(tied, partition.to_state())
+    assert [m.detached for m in restored.modules] == [m.detached for m in partition.modules]
     untied = TinyGPTModel(
         TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16, tie_word_embeddings=False)
     )
     eg, partition = partition_of(untied, (torch.randint(0, 40, (2, 8)),), max_modules=8)
     assert partition.freezable == len(partition) - 1
+    assert all(not m.detached for m in partition.modules)
+
+
+def test_an_embedding_with_max_norm_is_not_a_pure_read_and_keeps_its_module_trainable(caplog):
+    model = TinyGPTModel(TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16))
+    model.transformer.wte.max_norm = 1.0  # renormalises the shared weight in place at every lookup
+    with caplog.at_level("WARNING", logger="egeria"):
+        eg, partition = partition_of(model, (torch.randint(0, 40, (2, 8)),), max_modules=8)
+    assert partition.freezable == 0
+    assert "tied weights" in caplog.text and "stay trainable" in caplog.text
 
 
 def test_weights_shared_across_layers_block_freezing_from_the_first_user():

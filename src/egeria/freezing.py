@@ -6,19 +6,32 @@ gradient): momentum buffers, weight decay and Adam moments leave them untouched,
 optimizer's param groups, schedulers and checkpoints keep their shape. BatchNorm and
 dropout inside a frozen module run in eval mode, held there by a forward pre-hook so
 that the user's own ``model.train()`` cannot undo it.
+
+Tied input embeddings: when a frozen module holds an ``nn.Embedding`` whose weight a
+deeper, trainable module owns (GPT-2's ``wte`` tied to ``lm_head``; see
+:attr:`~egeria.partition.LayerModule.detached`), that weight keeps ``requires_grad=True``
+and a forward hook detaches the embedding's output. So:
+
+* the optimizer keeps updating the shared weight, with the gradient of its owner's use
+  (the output layer) only: the lookup adds nothing to it;
+* the frozen module's own parameters (position embeddings, norms, blocks) do not change;
+* the lookup reads the shared weight's *current* value, so the frozen module's output still
+  moves as the owner trains the weight (the activation cache does not serve such a prefix);
+* unfreezing removes the hook: the lookup's gradient flows into the shared weight again.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .hooks import mark
 from .partition import Partition
 
-__all__ = ["freeze_parameters", "unfreeze_parameters", "EvalLock", "FrozenPrefix"]
+__all__ = ["freeze_parameters", "unfreeze_parameters", "detach_output", "EvalLock", "FrozenPrefix"]
 
 
 def freeze_parameters(params: Iterable[nn.Parameter]) -> None:
@@ -32,6 +45,11 @@ def unfreeze_parameters(params: Iterable[nn.Parameter]) -> None:
     """Trains ``params`` again."""
     for p in params:
         p.requires_grad_(True)
+
+
+def detach_output(module: nn.Module, args: tuple, output: Any) -> Any:
+    """Forward hook: the module's output cut from the graph (a tensor; anything else as is)."""
+    return output.detach() if isinstance(output, torch.Tensor) else output
 
 
 class EvalLock:
@@ -82,6 +100,7 @@ class FrozenPrefix:
         self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self._params = dict(model.named_parameters())
         self._locks: list[EvalLock] = []
+        self._detached: list[RemovableHandle] = []  # hooks on tied embeddings of frozen modules
         self.count = 0
 
     @property
@@ -112,6 +131,9 @@ class FrozenPrefix:
         module = self.partition.modules[self.count]
         freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
         self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
+        self._detached.extend(
+            mark(self.model.get_submodule(name).register_forward_hook(detach_output)) for name in module.detached
+        )
         self.count += 1
 
     def _unfreeze_all(self) -> None:
@@ -121,7 +143,11 @@ class FrozenPrefix:
         self.count = 0
 
     def release_locks(self, training: bool) -> None:
-        """Lets the frozen modules' train/eval mode follow ``training`` again."""
+        """Lets the frozen modules' train/eval mode follow ``training`` again, and tied
+        embeddings send their gradient into the shared weight again."""
         for lock in self._locks:
             lock.release(training)
         self._locks = []
+        for handle in self._detached:
+            handle.remove()
+        self._detached = []

@@ -7,6 +7,14 @@ tracing one forward pass, and grouped into *layer modules* of comparable paramet
 Every parameter belongs to exactly one layer module; a parameter used by several modules
 (tied embeddings and output layer) belongs to the deepest of them, so it stays trainable as
 long as any of its users does. The last layer module, the head, is never frozen.
+
+Tied input embeddings (GPT-2, BERT and most language models share the input embedding's
+weight with the output layer): a module that reads a deeper module's weight through an
+``nn.Embedding`` lookup can still freeze. Its :attr:`LayerModule.detached` lists those
+embeddings; while it is frozen, :class:`~egeria.freezing.FrozenPrefix` detaches their
+output, so the shared weight gets no gradient through the lookup and trains through its
+owner (the head) only. Any other read of a deeper module's parameter (weights shared
+across layers) keeps that module, and every module after it, trainable.
 """
 
 from __future__ import annotations
@@ -51,12 +59,16 @@ class LayerModule:
         blocks: names of the model's submodules in this unit, in execution order.
         params: names (as in ``model.named_parameters()``) of the parameters it owns.
         num_params: number of scalar parameters it owns.
+        detached: names of the ``nn.Embedding`` submodules in its blocks whose weight a
+            deeper module owns (a tied input embedding); their output is detached while
+            this module is frozen. Derived from the model, not saved.
     """
 
     name: str
     blocks: list[str]
     params: list[str] = field(default_factory=list)
     num_params: int = 0
+    detached: list[str] = field(default_factory=list)
 
     @property
     def output_block(self) -> str:
@@ -71,8 +83,9 @@ class Partition:
     Attributes:
         modules: the layer modules in execution order.
         freezable: how many leading modules may ever be frozen. Normally all but the
-            head; fewer when a module uses a parameter that the head owns (a tied
-            embedding): that module and all after it stay trainable.
+            head; fewer when a module uses a parameter that a deeper module owns other
+            than through an ``nn.Embedding`` lookup (weights shared across layers): that
+            module and all after it stay trainable.
     """
 
     modules: list[LayerModule]
@@ -435,15 +448,17 @@ def _assemble(
 
 
 def _freezable(model: nn.Module, modules: list[LayerModule]) -> int:
-    """Leading modules that can freeze. A module whose blocks use a parameter owned by a
-    deeper module (tied embedding and output layer, weights shared across layers) must
-    keep training with that module; the frozen set is a prefix, so the modules after it
-    stay trainable too."""
+    """Leading modules that can freeze; also fills each module's ``detached`` embeddings.
+
+    A module whose blocks read a parameter owned by a deeper module through an
+    ``nn.Embedding`` lookup (a tied input embedding) can freeze: the lookup's output is
+    detached while it is frozen. Any other read (weights shared across layers) means it must
+    keep training with the owner; the frozen set is a prefix, so the modules after it stay
+    trainable too."""
     named = dict(model.named_parameters())
     owner = {id(named[p]): index for index, module in enumerate(modules) for p in module.params}
     for index, module in enumerate(modules[:-1]):
-        used = {id(p) for b in module.blocks for p in model.get_submodule(b).parameters()}
-        deeper = sorted({owner[u] for u in used if owner.get(u, index) > index})
+        module.detached, deeper = _deeper_reads(model, module, owner, index)
         if deeper:
             logger.warning(
                 "layer module %s shares parameters with %s (tied weights): it and the modules after it "
@@ -452,7 +467,39 @@ def _freezable(model: nn.Module, modules: list[LayerModule]) -> int:
                 modules[deeper[0]].name,
             )
             return index
+        if module.detached:
+            logger.info(
+                "layer module %s reads a tied weight through %s: when it is frozen the lookup is detached "
+                "and the weight trains through its owner only",
+                module.name,
+                ", ".join(module.detached),
+            )
     return len(modules) - 1
+
+
+def _deeper_reads(
+    model: nn.Module, module: LayerModule, owner: dict[int, int], index: int
+) -> tuple[list[str], list[int]]:
+    """How ``module`` (at ``index``) reads parameters that deeper modules own.
+
+    Returns:
+        The ``nn.Embedding`` submodules whose weight a deeper module owns (their output can
+        be detached), and the indices of the deeper modules read any other way.
+    """
+    embeddings: list[str] = []
+    others: set[int] = set()
+    for block in module.blocks:
+        for sub_name, sub in model.get_submodule(block).named_modules():
+            for param_name, p in sub.named_parameters(recurse=False):
+                deeper = owner.get(id(p), index)
+                if deeper <= index:
+                    continue
+                # max_norm renormalises the weight in place during the lookup: not a pure read.
+                if isinstance(sub, nn.Embedding) and param_name == "weight" and sub.max_norm is None:
+                    embeddings.append(f"{block}.{sub_name}" if sub_name else block)
+                else:
+                    others.add(deeper)
+    return embeddings, sorted(others)
 
 
 def _group_name(blocks: list[str]) -> str:

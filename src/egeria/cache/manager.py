@@ -15,8 +15,9 @@ function of the sample (frozen weights, BatchNorm and dropout locked in eval mod
 
 Safety, checked per level: the model must be a chain at the boundary (checked once by
 running one batch both ways in eval mode and comparing the model's outputs); the
-boundary output must be batch-first; serving must be cheaper than computing (the first
-served forward passes are timed against those that computed the prefix; when serving is
+boundary output must be batch-first; the prefix must not read a tied weight that a
+trainable module still changes (:attr:`~egeria.partition.LayerModule.detached`); serving
+must be cheaper than computing (the first served forward passes are timed against those that computed the prefix; when serving is
 not faster the level is dropped, keeps computing, and the choice is logged); the table must fit the memory or the disk limit. Any unfreeze
 drops every level. A corrupt row is recomputed; a failed write turns caching off with one
 warning. None of these change what the model computes.
@@ -286,6 +287,10 @@ class ActivationCache:
             if partition is None:
                 return None
             level = _Level(self.frozen, partition)
+            tied = [e for m in partition.modules[: self.frozen] for e in m.detached]
+            if tied:  # the prefix reads a weight its owner still trains: its output is not fixed
+                level.off = f"the frozen prefix reads tied weights through {', '.join(tied)}"
+                logger.info("activation cache off for %s: %s", level.boundary, level.off)
             level.handle = mark(self.model.get_submodule(level.boundary).register_forward_hook(self._on_boundary(level)))
             self.levels[self.frozen] = level
         return self.levels[self.frozen]

@@ -1,0 +1,12 @@
+"""Adapters that run Egeria inside training frameworks.
+
+Each adapter lives in its own module and imports its framework only there, so this
+package imports without any of them installed:
+
+* :mod:`egeria.integrations.hf`: ``EgeriaCallback``, a Hugging Face ``TrainerCallback``
+  (``pip install egeria[hf]``).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,165 @@
+"""Egeria in the Hugging Face ``Trainer``: :class:`EgeriaCallback` (``pip install egeria[hf]``).
+
+Usage::
+
+    from egeria import EgeriaConfig
+    from egeria.integrations.hf import EgeriaCallback
+
+    callback = EgeriaCallback(config=EgeriaConfig())
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.train()                      # or trainer.train(resume_from_checkpoint=True)
+    print(callback.egeria.events)        # what froze when
+
+Where the Trainer's events fire and what the callback does there::
+
+    trainer.train(resume_from_checkpoint=ckpt)
+        model weights loaded from ckpt
+        optimizer and scheduler created, their state loaded from ckpt
+        on_train_begin -> Egeria(model, optimizer, lr_scheduler=..., total_steps=state.max_steps);
+                          resuming: Egeria's state loaded from ckpt/egeria_state.json
+        for each optimizer step (gradient_accumulation_steps micro-batches):
+            forward (Egeria keeps output.loss), backward       # per micro-batch
+            optimizer.step(); lr_scheduler.step()
+            on_step_end    -> eg.step(): modules freeze or unfreeze here
+            checkpoint-N/ saved; on_save -> checkpoint-N/egeria_state.json written
+        on_train_end   -> eg.close(): hooks removed, frozen modules trainable again
+
+Steps are counted from the optimizer, so they match ``state.global_step`` (less the steps
+a ``GradScaler`` skipped under fp16). The loss Egeria reads is the ``loss`` of the model's
+output in the last micro-batch of each step. A resumed run finds Egeria's state in
+``args.output_dir/checkpoint-{global_step}``, the folder the Trainer saved it to (a
+checkpoint without one starts Egeria afresh, with a warning). Not supported: several
+processes (DDP, FSDP, DeepSpeed) and ``DataParallel``, whose model wrapper a callback
+cannot see; use :class:`egeria.Egeria` in a torchrun loop there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ..config import EgeriaConfig
+from ..engine import Egeria
+
+try:
+    from transformers import TrainerCallback
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "egeria.integrations.hf needs transformers and accelerate: pip install egeria[hf]"
+    ) from err
+
+__all__ = ["EgeriaCallback", "STATE_FILE"]
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "egeria_state.json"
+# Egeria arguments the callback passes itself, taken from the Trainer.
+_FROM_TRAINER = ("model", "optimizer", "lr_scheduler", "total_steps", "example_inputs")
+_ALLOWED = ("unfreeze_rule", "policy", "on_change")
+
+
+class EgeriaCallback(TrainerCallback):
+    """Freezes converged front layer modules of the model a ``Trainer`` trains.
+
+    Args:
+        config: Egeria's hyperparameters (:class:`~egeria.EgeriaConfig` defaults when None).
+        **egeria_kwargs: further :class:`~egeria.Egeria` arguments: ``unfreeze_rule``,
+            ``policy`` or ``on_change``. The model, optimizer, scheduler and the number of
+            steps come from the Trainer.
+
+    Attributes:
+        egeria: the :class:`~egeria.Egeria` of the current (or last) ``train()`` call;
+            None before training begins.
+
+    Raises:
+        ValueError: ``config`` is not an EgeriaConfig, or an argument is unknown or one the
+            Trainer supplies.
+    """
+
+    def __init__(self, config: EgeriaConfig | None = None, **egeria_kwargs: Any) -> None:
+        if config is not None and not isinstance(config, EgeriaConfig):
+            raise ValueError(f"EgeriaCallback(config=...) must be an EgeriaConfig, got {type(config).__name__}")
+        supplied = sorted(k for k in egeria_kwargs if k in _FROM_TRAINER)
+        if supplied:
+            raise ValueError(f"EgeriaCallback takes {supplied} from the Trainer; do not pass them")
+        unknown = sorted(k for k in egeria_kwargs if k not in _ALLOWED)
+        if unknown:
+            raise ValueError(f"EgeriaCallback got unknown arguments {unknown}; it accepts config and {list(_ALLOWED)}")
+        self.config = config
+        self.egeria_kwargs = egeria_kwargs
+        self.egeria: Egeria | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Builds Egeria over the Trainer's model and optimizer; on resume, loads its state
+        (the Trainer has restored the model, optimizer and scheduler by now)."""
+        if getattr(args, "world_size", 1) > 1 or getattr(args, "n_gpu", 1) > 1:
+            raise NotImplementedError(
+                f"EgeriaCallback runs in one process on one device (world_size={args.world_size}, "
+                f"n_gpu={args.n_gpu}): the Trainer's DDP or DataParallel wrapper is not visible to a callback; "
+                "use egeria.Egeria in your own torchrun loop"
+            )
+        if self.egeria is not None:  # an earlier train() call
+            self.egeria.close()
+        self.egeria = Egeria(
+            kwargs["model"],
+            _inner_optimizer(kwargs["optimizer"]),
+            config=self.config,
+            lr_scheduler=kwargs.get("lr_scheduler"),
+            total_steps=state.max_steps,
+            **self.egeria_kwargs,
+        )
+        if state.global_step > 0:
+            self._resume(args, state)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After each optimizer step (and the scheduler's): Egeria's step boundary."""
+        if self.egeria is not None:
+            self.egeria.step()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Writes Egeria's state into the checkpoint folder the Trainer just saved."""
+        if self.egeria is None or not args.should_save:
+            return
+        folder = _checkpoint_dir(args, state)
+        if not os.path.isdir(folder):
+            logger.warning("no checkpoint folder %s: Egeria's state was not saved", folder)
+            return
+        path = os.path.join(folder, STATE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.egeria.state_dict(), f)
+        os.replace(path + ".tmp", path)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Removes Egeria's hooks and stops its controller (``self.egeria`` stays readable)."""
+        if self.egeria is not None:
+            self.egeria.close()
+
+    def _resume(self, args: Any, state: Any) -> None:
+        path = os.path.join(_checkpoint_dir(args, state), STATE_FILE)
+        if not os.path.isfile(path):
+            logger.warning(
+                "resuming at step %d without %s: Egeria starts afresh and counts steps from 0",
+                state.global_step,
+                path,
+            )
+            return
+        with open(path) as f:
+            self.egeria.load_state_dict(json.load(f))
+        logger.info("Egeria resumed at step %d with %s frozen", self.egeria.steps, self.egeria.frozen)
+
+
+def _checkpoint_dir(args: Any, state: Any) -> str:
+    """The folder the Trainer saves the checkpoint of ``state.global_step`` to."""
+    return os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (whose ``step()``
+    runs the inner one's only on real steps, so Egeria counts those)."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer

@@ -1,0 +1,202 @@
+"""The Hugging Face ``Trainer`` callback, trained for real: a tiny GPT-2 (tied embeddings)
+built from a config, gradient accumulation 2, a checkpoint resume."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import egeria
+from tiny import quick_config
+
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install egeria[hf])")
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install egeria[hf])")
+
+from egeria.integrations.hf import STATE_FILE, EgeriaCallback  # noqa: E402
+
+VOCAB = 48
+ACCUMULATION = 2
+
+
+class Tokens(torch.utils.data.Dataset):
+    """32 fixed random sequences for causal LM training (labels are the inputs); with
+    ``distinct``, only that many different sequences, repeated (an easy task that
+    converges, and so freezes, well within a short run)."""
+
+    def __init__(self, distinct: int = 32, count: int = 32, length: int = 12) -> None:
+        g = torch.Generator().manual_seed(7)
+        self.ids = torch.randint(0, VOCAB, (distinct, length), generator=g).repeat(count // distinct, 1)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def gpt2() -> torch.nn.Module:
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=4, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+class Recorder(transformers.TrainerCallback):
+    """Egeria's view at every optimizer step, read after the EgeriaCallback ran."""
+
+    def __init__(self, callback: EgeriaCallback) -> None:
+        self.callback = callback
+        self.frozen_at: dict[int, list[str]] = {}  # global_step -> frozen modules
+        self.begin: tuple[int, list[str]] | None = None  # (Egeria's steps, frozen) at train begin
+        self.forwards = 0
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        eg = self.callback.egeria
+        self.begin = (eg.steps, list(eg.frozen))
+        model.register_forward_hook(self._count)
+
+    def _count(self, module, args, output):
+        self.forwards += module.training
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.frozen_at[state.global_step] = list(self.callback.egeria.frozen)
+
+
+def trainer_for(output_dir, callback: EgeriaCallback, *, max_steps: int, save_steps: int = 100, distinct: int = 32):
+    """A Trainer of a tiny GPT-2 with the callback: AdamW with weight decay, accumulation 2;
+    a linear schedule with random data, a constant one with few distinct sequences."""
+    schedule, lr = ("linear", 1e-2) if distinct == 32 else ("constant", 1e-2)
+    args = transformers.TrainingArguments(
+        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=4,
+        gradient_accumulation_steps=ACCUMULATION, learning_rate=lr, weight_decay=0.1, lr_scheduler_type=schedule,
+        save_strategy="steps", save_steps=save_steps, logging_strategy="no", report_to="none", use_cpu=True,
+        seed=0, data_seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    recorder = Recorder(callback)
+    data = Tokens(distinct)
+    trainer = transformers.Trainer(model=gpt2(), args=args, train_dataset=data, callbacks=[callback, recorder])
+    return trainer, recorder
+
+
+def static(at_step: int) -> egeria.EgeriaConfig:
+    return egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": at_step})
+
+
+def snapshotting(config: egeria.EgeriaConfig) -> tuple[EgeriaCallback, dict[str, torch.Tensor]]:
+    """A callback whose on_change copies each module's parameters as the module freezes."""
+    store: dict[str, torch.Tensor] = {}
+
+    def on_change(decision: egeria.Decision) -> None:
+        if decision.action == "freeze":
+            eg = callback.egeria
+            params = dict(eg.model.named_parameters())
+            for module in eg.partition.modules:
+                if module.name in decision.modules:
+                    store.update({p: params[p].detach().clone() for p in module.params})
+
+    callback = EgeriaCallback(config, on_change=on_change)
+    return callback, store
+
+
+def test_static_policy_freezes_at_the_optimizer_step_not_the_micro_batch(tmp_path):
+    callback, frozen_weights = snapshotting(static(3))
+    trainer, recorder = trainer_for(tmp_path, callback, max_steps=8)
+    trainer.train()
+    eg = callback.egeria
+    front = eg.modules[0]
+    assert recorder.forwards == 8 * ACCUMULATION
+    assert {step: bool(frozen) for step, frozen in recorder.frozen_at.items()} == {
+        1: False, 2: False, 3: True, 4: True, 5: True, 6: True, 7: True, 8: True
+    }
+    assert [(d.step, d.action, d.modules) for d in eg.events] == [(3, "freeze", (front,))]
+    assert eg.steps == trainer.state.global_step == 8
+    params = dict(trainer.model.named_parameters())
+    assert "transformer.wpe.weight" in frozen_weights
+    for name, value in frozen_weights.items():
+        assert torch.equal(params[name], value), name
+    # The tied embedding weight belongs to the head and kept training.
+    assert "transformer.wte.weight" not in frozen_weights
+
+
+def test_egerias_own_rule_freezes_inside_the_trainer(tmp_path):
+    callback, frozen_weights = snapshotting(quick_config())
+    trainer, recorder = trainer_for(tmp_path, callback, max_steps=40, distinct=4)
+    trainer.train()
+    eg = callback.egeria
+    freezes = [d for d in eg.events if d.action == "freeze"]
+    assert freezes, f"nothing froze in 40 steps; history {eg.history[-3:]}"
+    assert freezes[0].modules[0] == eg.modules[0]
+    assert eg.steps == trainer.state.global_step == 40
+    assert eg.controller_stats["failure"] is None
+    assert not [d for d in eg.events if d.action == "unfreeze"]  # a constant learning rate
+    params = dict(trainer.model.named_parameters())
+    still_frozen = [p for m in eg.partition.modules[: len(recorder.frozen_at[40])] for p in m.params]
+    assert "transformer.wpe.weight" in still_frozen
+    for name in still_frozen:
+        assert torch.equal(params[name], frozen_weights[name]), name
+
+
+# (config, distinct sequences, checkpoint step, last step): each run has frozen a module
+# by its checkpoint, resumed mid-epoch (4 optimizer steps per epoch).
+RESUMES = {
+    "static": (static(2), 32, 3, 8),
+    "egeria": (quick_config(), 4, 29, 32),
+}
+
+
+@pytest.mark.parametrize("case", RESUMES)
+def test_resume_restores_the_frozen_set_and_continues_like_an_uninterrupted_run(tmp_path, case):
+    config, distinct, at, last = RESUMES[case]
+    whole = EgeriaCallback(config)
+    trainer, _ = trainer_for(tmp_path / "whole", whole, max_steps=last, save_steps=at, distinct=distinct)
+    trainer.train()
+    expected = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    frozen_at_checkpoint = [m for e in whole.egeria.events if e.step <= at and e.action == "freeze" for m in e.modules]
+    assert frozen_at_checkpoint, f"nothing froze by step {at}: {whole.egeria.events}"
+    checkpoint = tmp_path / "whole" / f"checkpoint-{at}"
+    assert (checkpoint / STATE_FILE).is_file()
+
+    shutil.copytree(checkpoint, tmp_path / "resumed" / checkpoint.name)
+    resumed = EgeriaCallback(config)
+    trainer, recorder = trainer_for(tmp_path / "resumed", resumed, max_steps=last, save_steps=at, distinct=distinct)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "resumed" / checkpoint.name))
+    eg = resumed.egeria
+    assert recorder.begin == (at, frozen_at_checkpoint)
+    assert recorder.forwards == (last - at) * ACCUMULATION
+    assert eg.steps == trainer.state.global_step == last
+    assert [d.to_dict() for d in eg.events] == [d.to_dict() for d in whole.egeria.events]
+    # The Trainer's own resume is exact on CPU (weights, AdamW state, scheduler, data order).
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p, expected[name]), name
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="must be an EgeriaConfig, got dict"):
+        EgeriaCallback({"policy": "static"})
+    with pytest.raises(ValueError, match=r"takes \['optimizer', 'total_steps'\] from the Trainer"):
+        EgeriaCallback(total_steps=10, optimizer=None)
+    with pytest.raises(ValueError, match=r"unknown arguments \['windw'\]"):
+        EgeriaCallback(windw=3)
+
+
+def test_several_processes_are_refused_up_front():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(world_size=2, n_gpu=1)
+    with pytest.raises(NotImplementedError, match="world_size=2"):
+        EgeriaCallback().on_train_begin(args, SimpleNamespace(max_steps=4, global_step=0), None, model=gpt2())
+
+
+def test_the_integrations_package_imports_without_transformers(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails
+    monkeypatch.delitem(sys.modules, "egeria.integrations.hf", raising=False)
+    importlib.import_module("egeria.integrations")
+    with pytest.raises(ImportError, match=r"pip install egeria\[hf\]"):
+        importlib.import_module("egeria.integrations.hf")
