@@ -162,3 +162,44 @@ def test_egeria_on_a_compiled_model_hooks_the_module_inside():
     assert eg.wrapper is compiled and eg.model is model
     assert eg.frozen == eg.modules[:2]
     assert not any(p.requires_grad for p in model.stem.parameters())
+
+
+def test_a_frameworks_optimizer_wrapper_is_seen_through():
+    class Wrapped(torch.optim.Optimizer):  # as accelerate's AcceleratedOptimizer: no Optimizer.__init__
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        @property
+        def param_groups(self):
+            return self.optimizer.param_groups
+
+        def step(self, closure=None):
+            return self.optimizer.step(closure)
+
+    model = Chain()
+    inner = torch.optim.SGD(model.parameters(), lr=0.01)
+    eg = egeria.Egeria(model, Wrapped(inner), config=quick_config())
+    assert eg.optimizer is inner
+    for x, y in batches(3):
+        F.cross_entropy(model(x), y).backward()
+        Wrapped(inner).step()
+        eg.step()
+    assert eg.steps == 3
+
+
+def test_the_output_losses_of_a_steps_micro_batches_are_summed():
+    model = _WithLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    got = []
+    eg = egeria.Egeria(model, opt, config=quick_config(eval_interval=2))
+    eg.policy._record_loss = lambda loss: got.append(float(loss))  # what bootstrapping is fed
+    losses = []
+    for i, (x, y) in enumerate(batches(4)):
+        loss = model(x, labels=y)["loss"]
+        losses.append(float(loss.detach()))
+        (loss / 2).backward()
+        if i % 2 == 1:
+            opt.step()
+            opt.zero_grad()
+        eg.step()
+    assert got == pytest.approx([losses[0] + losses[1], losses[2] + losses[3]])

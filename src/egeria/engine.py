@@ -42,7 +42,7 @@ from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
 from .stepcount import OptimizerSteps
-from .wrappers import ddp_of, unwrap
+from .wrappers import ddp_of, unwrap, unwrap_optimizer
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
@@ -110,6 +110,7 @@ class Egeria:
         self.wrapper = model
         model, wrappers = unwrap(model)
         self._ddp = ddp_of(wrappers)
+        optimizer = unwrap_optimizer(optimizer)
         _check_optimizer(model, optimizer)
         if on_change is not None and not callable(on_change):
             raise ValueError(f"on_change must be callable, got {type(on_change).__name__}")
@@ -284,9 +285,11 @@ class Egeria:
 
         Args:
             loss: the step's training loss (a scalar tensor or a number); used during
-                bootstrapping. Non-finite values are logged and ignored. None: the loss
-                the model's last training forward returned, where its output carries one
-                (``output.loss`` or ``output["loss"]``, as Hugging Face models do).
+                bootstrapping. Non-finite values are logged and ignored. None: the sum
+                of the losses the model's training forwards returned since the previous
+                step, where its output carries one (``output.loss`` or
+                ``output["loss"]``, as Hugging Face models do; under gradient
+                accumulation each micro-batch's).
 
         Returns:
             Every decision applied at this step (freeze, unfreeze, end of bootstrapping).
@@ -298,10 +301,11 @@ class Egeria:
         """
         self._check_open()
         loss_value = _checked_loss(loss)
-        if loss_value is None:
-            loss_value = self._output_loss
         if not self._counter.boundary():
             return []
+        if loss_value is None:
+            loss_value = self._output_loss
+        self._output_loss = None  # the next step's micro-batches sum afresh
         if getattr(self.policy, "requires_total_steps", False) and self.total_steps is None and not self._bound:
             raise ValueError(
                 "EgeriaConfig.eval_interval=None derives n from total_steps, but total_steps=None; "
@@ -356,7 +360,8 @@ class Egeria:
         if loss is None and isinstance(output, Mapping):
             loss = output.get("loss")
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            self._output_loss = loss.detach().reshape(())
+            loss = loss.detach().reshape(())
+            self._output_loss = loss if self._output_loss is None else self._output_loss + loss
 
     def _bind(self) -> FrozenPrefix:
         """The frozen prefix; at the first call, also binds the policy to the layer modules."""

@@ -248,10 +248,10 @@ class ControllerLink:
 
     def _warn_starved(self) -> None:
         """One WARNING once most evaluations tried were dropped (the controller still busy
-        with earlier ones) or ended in a decision discarded as too late: the controller
-        cannot keep pace with training, so little will ever freeze."""
-        if self._starved_warned:
-            return
+        with earlier ones) or ended in a decision discarded as too late, while the
+        controller does answer: it cannot keep pace with training, so little will freeze."""
+        if self._starved_warned or self.executor.failure is not None or self.executor.answered == 0:
+            return  # a failed or silent controller is reported as such (its timeout), not here
         tried = self.executor.sent + self.executor.dropped
         lost = self.executor.dropped + self.discarded
         if tried < _STARVED_AFTER or 2 * lost <= tried:

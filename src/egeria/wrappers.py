@@ -8,9 +8,11 @@ what to do instead.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-__all__ = ["unwrap", "ddp_of"]
+__all__ = ["unwrap", "unwrap_optimizer", "ddp_of"]
 
 
 def _compiled_type() -> type | None:
@@ -55,6 +57,22 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
             )
         else:
             return model, wrappers
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a framework's optimizer wrapper (accelerate's
+    ``AcceleratedOptimizer`` keeps it in ``.optimizer``, Lightning's ``LightningOptimizer``
+    in ``._optimizer``): the one whose step hooks fire."""
+    import torch
+
+    for _ in range(8):  # wrappers nest a few levels at most
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = getattr(optimizer, "_optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
+            return optimizer
+        optimizer = inner
+    return optimizer
 
 
 def ddp_of(wrappers: list[nn.Module]) -> nn.Module | None:

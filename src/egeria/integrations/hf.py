@@ -40,8 +40,6 @@ import logging
 import os
 from typing import Any
 
-import torch
-
 from ..config import EgeriaConfig
 from ..engine import Egeria
 
@@ -106,7 +104,7 @@ class EgeriaCallback(TrainerCallback):
             self.egeria.close()
         self.egeria = Egeria(
             kwargs["model"],
-            _inner_optimizer(kwargs["optimizer"]),
+            kwargs["optimizer"],  # Egeria finds the torch optimizer inside accelerate's wrapper
             config=self.config,
             lr_scheduler=kwargs.get("lr_scheduler"),
             total_steps=state.max_steps,
@@ -156,10 +154,3 @@ def _checkpoint_dir(args: Any, state: Any) -> str:
     """The folder the Trainer saves the checkpoint of ``state.global_step`` to."""
     return os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
 
-
-def _inner_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (whose ``step()``
-    runs the inner one's only on real steps, so Egeria counts those)."""
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer
-    return optimizer
