@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import json
 import logging
 
@@ -407,3 +408,44 @@ def test_a_checkpoint_without_a_controller_state_resumes_without_hanging():
     train(model, opt, again, data[:10])
     assert len(again.history) > before and again.controller_stats["failure"] is None
     again.close()
+
+
+def test_save_and_load_a_checkpoint_folder_with_tensors_resumes_exactly(tmp_path, monkeypatch):
+    data = batches(2) * 40
+
+    def fresh():
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        # a fixed probe: the state carries a batch of tensors
+        return model, opt, egeria.Egeria(model, opt, config=quick_config(window=4, fixed_probe=True))
+
+    model, opt, eg = fresh()
+    train(model, opt, eg, data[:30])
+    eg.save(tmp_path / "ckpt")
+    weights, opt_state = {k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict())
+    rest = train(model, opt, eg, data[30:])
+    assert rest
+
+    meta = (tmp_path / "ckpt" / "egeria.json").read_text()
+    tensors = torch.load(tmp_path / "ckpt" / "egeria.pt", weights_only=True)
+    assert tensors and all(isinstance(t, torch.Tensor) for t in tensors.values())
+    assert '"data"' not in meta  # no base64 tensors left in the JSON
+
+    model2, opt2, eg2 = fresh()
+    model2.load_state_dict(weights)
+    opt2.load_state_dict(opt_state)
+    eg2.load(tmp_path / "ckpt")
+    assert train(model2, opt2, eg2, data[30:]) == rest and eg2.history == eg.history
+
+    # A failing write keeps the previous checkpoint whole; bad folders are clear errors.
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError, match="No space left"):
+        eg2.save(tmp_path / "ckpt")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
+    with pytest.raises(FileNotFoundError, match="missing egeria.json, egeria.pt"):
+        eg2.load(tmp_path / "nothing")
+    (tmp_path / "ckpt" / "egeria.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="cannot be read"):
+        eg2.load(tmp_path / "ckpt")

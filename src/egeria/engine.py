@@ -25,6 +25,7 @@ effect only inside :meth:`Egeria.step`.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ from .hooks import mark
 from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
+from .serialization import read_state, write_state
 from .stepcount import OptimizerSteps
 from .wrappers import ddp_of, unwrap, unwrap_optimizer
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
@@ -457,6 +459,27 @@ class Egeria:
             # Under torchrun only rank 0 runs the policy; the other ranks' states lack it.
             "policy_state": self.policy.state_dict() if self._decides else None,
         }
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Writes :meth:`state_dict` into ``directory`` as ``egeria.json`` (a few numbers
+        and names) and ``egeria.pt`` (the reference model's tensors as tensors), each
+        written to a temporary file and renamed, so a crash or a full disk leaves the
+        previous checkpoint whole.
+
+        Raises:
+            OSError: the files cannot be written (the previous ones are kept).
+            RuntimeError: after :meth:`close`.
+        """
+        write_state(self.state_dict(), directory)
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Restores what :meth:`save` wrote (restore the model and optimizer first).
+
+        Raises:
+            FileNotFoundError: ``directory`` holds no Egeria checkpoint.
+            ValueError: the checkpoint cannot be read or does not fit this model.
+        """
+        self.load_state_dict(read_state(directory))
 
     def load_state_dict(self, state: dict) -> None:
         """Restores :meth:`state_dict` output. Load the model's and optimizer's checkpoint

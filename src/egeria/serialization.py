@@ -1,12 +1,23 @@
-"""Tensors inside JSON: raw bytes in base64, with dtype and shape."""
+"""Tensors inside JSON (raw bytes in base64, with dtype and shape), and a checkpoint
+folder that keeps them as tensors instead: ``egeria.json`` (the state, each tensor
+replaced by a reference) beside ``egeria.pt`` (the tensors), both written atomically."""
 
 from __future__ import annotations
 
 import base64
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["encode_tensor", "decode_tensor"]
+__all__ = ["encode_tensor", "decode_tensor", "write_state", "read_state", "STATE_FILES"]
+
+#: The files of a checkpoint folder written by :func:`write_state`.
+STATE_FILES = ("egeria.json", "egeria.pt")
 
 
 def encode_tensor(tensor: torch.Tensor) -> dict:
@@ -28,3 +39,77 @@ def decode_tensor(entry: dict) -> torch.Tensor:
     raw = bytearray(base64.b64decode(entry["data"]))
     flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     return flat.view(dtype).reshape(entry["shape"]).clone()
+
+
+def _is_encoded(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"dtype", "shape", "data"}
+
+
+def _split(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """``value`` with each encoded tensor moved into ``tensors`` and replaced by its key."""
+    if _is_encoded(value):
+        key = f"t{len(tensors)}"
+        tensors[key] = decode_tensor(value)
+        return {"tensor": key}
+    if isinstance(value, dict):
+        return {k: _split(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):  # a tuple comes back a list, as from JSON
+        return [_split(v, tensors) for v in value]
+    return value
+
+
+def _join(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, dict) and set(value) == {"tensor"}:
+        try:
+            return encode_tensor(tensors[value["tensor"]])
+        except KeyError:
+            raise ValueError(f"the checkpoint's egeria.pt lacks tensor {value['tensor']!r}") from None
+    if isinstance(value, dict):
+        return {k: _join(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join(v, tensors) for v in value]
+    return value
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Writes through a temporary file in the same folder, then renames it over ``path``:
+    a crash or a full disk leaves the previous file whole."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_state(state: dict, directory: str | os.PathLike[str]) -> None:
+    """Writes a JSON-safe state with encoded tensors as ``egeria.json`` + ``egeria.pt``."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    meta = _split(state, tensors)
+    _atomic_write(folder / STATE_FILES[1], lambda f: torch.save(tensors, f))
+    _atomic_write(folder / STATE_FILES[0], lambda f: f.write(json.dumps(meta).encode()))
+
+
+def read_state(directory: str | os.PathLike[str]) -> dict:
+    """The state written by :func:`write_state`.
+
+    Raises:
+        FileNotFoundError: the folder lacks one of the files.
+        ValueError: the files do not belong together or cannot be read.
+    """
+    folder = Path(directory)
+    missing = [name for name in STATE_FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} has no Egeria checkpoint: missing {', '.join(missing)}")
+    try:
+        meta = json.loads((folder / STATE_FILES[0]).read_text())
+        tensors = torch.load(folder / STATE_FILES[1], map_location="cpu", weights_only=True)
+    except (json.JSONDecodeError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        raise ValueError(f"the Egeria checkpoint in {folder} cannot be read: {err}") from err
+    return _join(meta, tensors)

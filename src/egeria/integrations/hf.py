@@ -16,12 +16,12 @@ Where the Trainer's events fire and what the callback does there::
         model weights loaded from ckpt
         optimizer and scheduler created, their state loaded from ckpt
         on_train_begin -> Egeria(model, optimizer, lr_scheduler=..., total_steps=state.max_steps);
-                          resuming: Egeria's state loaded from ckpt/egeria_state.json
+                          resuming: Egeria's state loaded from ckpt/egeria.json + egeria.pt
         for each optimizer step (gradient_accumulation_steps micro-batches):
             forward (Egeria keeps output.loss), backward       # per micro-batch
             optimizer.step(); lr_scheduler.step()
             on_step_end    -> eg.step(): modules freeze or unfreeze here
-            checkpoint-N/ saved; on_save -> checkpoint-N/egeria_state.json written
+            checkpoint-N/ saved; on_save -> checkpoint-N/egeria.json + egeria.pt written
         on_train_end   -> eg.close(): hooks removed, frozen modules trainable again
 
 Steps are counted from the optimizer, so they match ``state.global_step`` (less the steps
@@ -35,13 +35,13 @@ cannot see; use :class:`egeria.Egeria` in a torchrun loop there.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
 
 from ..config import EgeriaConfig
 from ..engine import Egeria
+from ..serialization import STATE_FILES
 
 try:
     from transformers import TrainerCallback
@@ -54,7 +54,7 @@ __all__ = ["EgeriaCallback", "STATE_FILE"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "egeria_state.json"
+STATE_FILE = STATE_FILES[0]  # egeria.json, beside egeria.pt (Egeria.save)
 # Egeria arguments the callback passes itself, taken from the Trainer.
 _FROM_TRAINER = ("model", "optimizer", "lr_scheduler", "total_steps", "example_inputs")
 _ALLOWED = ("unfreeze_rule", "policy", "on_change")
@@ -126,10 +126,7 @@ class EgeriaCallback(TrainerCallback):
         if not os.path.isdir(folder):
             logger.warning("no checkpoint folder %s: Egeria's state was not saved", folder)
             return
-        path = os.path.join(folder, STATE_FILE)
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.egeria.state_dict(), f)
-        os.replace(path + ".tmp", path)
+        self.egeria.save(folder)  # egeria.json + egeria.pt, each written atomically
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Removes Egeria's hooks and stops its controller (``self.egeria`` stays readable)."""
@@ -137,7 +134,8 @@ class EgeriaCallback(TrainerCallback):
             self.egeria.close()
 
     def _resume(self, args: Any, state: Any) -> None:
-        path = os.path.join(_checkpoint_dir(args, state), STATE_FILE)
+        folder = _checkpoint_dir(args, state)
+        path = os.path.join(folder, STATE_FILE)
         if not os.path.isfile(path):
             logger.warning(
                 "resuming at step %d without %s: Egeria starts afresh and counts steps from 0",
@@ -145,8 +143,7 @@ class EgeriaCallback(TrainerCallback):
                 path,
             )
             return
-        with open(path) as f:
-            self.egeria.load_state_dict(json.load(f))
+        self.egeria.load(folder)
         logger.info("Egeria resumed at step %d with %s frozen", self.egeria.steps, self.egeria.frozen)
 
 
