@@ -74,7 +74,7 @@ def test_checkpoint_resume_restores_the_frozen_set_and_continues_as_the_uninterr
 
     torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
     resumed = EgeriaCallback(_rule())
-    saver = ModelCheckpoint(dirpath=tmp_path / "resumed")
+    saver = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)  # the same callback, so Lightning restores it too
     trainer, _, rec = _fit(
         resumed, max_epochs=4, extra=(saver,), enable_checkpointing=True, ckpt_path=str(checkpoint), **settings
     )
