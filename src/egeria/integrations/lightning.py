@@ -124,6 +124,8 @@ class EgeriaCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Refuses, before any training, a strategy Egeria cannot freeze through."""
+        if stage != "fit":
+            return
         strategy = trainer.strategy
         kinds = {cls.__name__ for cls in type(strategy).__mro__}
         if kinds & set(_UNSUPPORTED) or not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
