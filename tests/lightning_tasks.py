@@ -49,7 +49,6 @@ def trainer(callbacks: list, *, accumulate: int = 2, **kw) -> pl.Trainer:
         enable_progress_bar=False,
         enable_model_summary=False,
         accumulate_grad_batches=accumulate,
-        deterministic=True,
     )
     settings.update(kw)
     return pl.Trainer(callbacks=callbacks, **settings)
