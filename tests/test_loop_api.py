@@ -203,3 +203,38 @@ def test_the_output_losses_of_a_steps_micro_batches_are_summed():
             opt.zero_grad()
         eg.step()
     assert got == pytest.approx([losses[0] + losses[1], losses[2] + losses[3]])
+
+
+class _Task(nn.Module):
+    """A framework's training object: called with (batch, index) as Lightning's DDP calls
+    a LightningModule; its network inside gets the inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Chain()
+
+    def forward(self, batch, index):
+        x, y = batch
+        return {"loss": F.cross_entropy(self.net(x), y)}
+
+
+def test_module_picks_the_part_to_hook_and_freeze_inside_the_object_the_loop_calls():
+    task = _Task()
+    opt = torch.optim.SGD(task.parameters(), lr=1e-3)
+    eg = egeria.Egeria(task, opt, config=quick_config(), module=task.net)
+    assert eg.wrapper is task and eg.model is task.net
+    for i, batch in enumerate(batches(1) * 60):
+        loss = task(batch, i)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        eg.step(loss)
+        if eg.frozen:
+            break
+    # The network's blocks, named inside it; the controller ran it on x and froze the front.
+    assert eg.modules[0] == "stem.0" and eg.modules[-1] == "head"
+    assert eg.frozen == ["stem.0"]
+    assert not any(p.requires_grad for p in task.net.stem[0].parameters())
+    assert all(p.requires_grad for p in task.net.blocks.parameters())
+    with pytest.raises(ValueError, match="is not a submodule of the model"):
+        egeria.Egeria(task, opt, config=quick_config(), module=Chain())

@@ -76,6 +76,11 @@ class Egeria:
             freeze; ``config.policy`` picks one by name (default: Egeria's own rule).
         on_change: called with every :class:`~egeria.Decision` (freeze, unfreeze, end of
             bootstrapping) as it is applied, inside :meth:`step`.
+        module: the part of ``model`` that Egeria hooks, splits into layer modules and
+            freezes, when it is not the whole module inside the wrappers: a submodule of it
+            whose forward takes the batch's inputs (a LightningModule's network, which
+            Lightning calls through ``training_step``). A ``DistributedDataParallel``
+            wrapper around ``model`` is still rebuilt at each freeze and unfreeze.
 
     Steps are counted from the optimizer (:mod:`egeria.stepcount`): a call of
     :meth:`step` that follows no ``optimizer.step()`` (a micro-batch of gradient
@@ -103,6 +108,7 @@ class Egeria:
         example_inputs: tuple | None = None,
         policy: FreezePolicy | None = None,
         on_change: Callable[[Decision], Any] | None = None,
+        module: nn.Module | None = None,
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
         if not isinstance(self.config, EgeriaConfig):
@@ -112,6 +118,8 @@ class Egeria:
         self.wrapper = model
         model, wrappers = unwrap(model)
         self._ddp = ddp_of(wrappers)
+        if module is not None:
+            model = _submodule(model, module)
         optimizer = unwrap_optimizer(optimizer)
         _check_optimizer(model, optimizer)
         if on_change is not None and not callable(on_change):
@@ -581,6 +589,21 @@ def _compiled(wrapper: nn.Module) -> bool:
         if not isinstance(inner, nn.Module):
             return False
         wrapper = inner
+
+
+def _submodule(model: nn.Module, module: Any) -> nn.Module:
+    """``module``, seen through ``torch.compile``, once it is known to lie inside ``model``."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not any(m is module for m in model.modules()):
+        raise ValueError(
+            f"module= ({type(module).__name__}) is not a submodule of the model ({type(model).__name__}); "
+            "pass a part of the model being trained, e.g. module=model.net"
+        )
+    inner, wrappers = unwrap(module)
+    if ddp_of(wrappers) is not None:
+        raise ValueError("module= must not be wrapped in DistributedDataParallel; wrap the whole model instead")
+    return inner
 
 
 def _checked_loss(loss: Any) -> torch.Tensor | float | None:

@@ -5,6 +5,8 @@ package imports without any of them installed:
 
 * :mod:`egeria.integrations.hf`: ``EgeriaCallback``, a Hugging Face ``TrainerCallback``
   (``pip install egeria[hf]``).
+* :mod:`egeria.integrations.lightning`: ``EgeriaCallback``, a PyTorch Lightning
+  ``Callback`` (``pip install egeria[lightning]``).
 """
 
 from __future__ import annotations
