@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import egeria
+import egeria.serialization
 from tiny import Chain, batches, checkpointed, idle_step, quick_config, tiny_cnn, train
 
 
@@ -427,10 +428,10 @@ def test_save_and_load_a_checkpoint_folder_with_tensors_resumes_exactly(tmp_path
     rest = train(model, opt, eg, data[30:])
     assert rest
 
-    meta = (tmp_path / "ckpt" / "egeria.json").read_text()
-    tensors = torch.load(tmp_path / "ckpt" / "egeria.pt", weights_only=True)
+    meta = json.loads((tmp_path / "ckpt" / "egeria.json").read_text())
+    tensors = torch.load(tmp_path / "ckpt" / meta["tensors_file"], weights_only=True)
     assert tensors and all(isinstance(t, torch.Tensor) for t in tensors.values())
-    assert '"data"' not in meta  # no base64 tensors left in the JSON
+    assert '"data"' not in json.dumps(meta)  # no base64 tensors left in the JSON
 
     model2, opt2, eg2 = fresh()
     model2.load_state_dict(weights)
@@ -438,14 +439,59 @@ def test_save_and_load_a_checkpoint_folder_with_tensors_resumes_exactly(tmp_path
     eg2.load(tmp_path / "ckpt")
     assert train(model2, opt2, eg2, data[30:]) == rest and eg2.history == eg.history
 
-    # A failing write keeps the previous checkpoint whole; bad folders are clear errors.
+    # A save that fails at either file keeps the previous checkpoint whole and loadable
+    # (the JSON commits it last); a later save replaces both; bad folders are clear errors.
     before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
-    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    real_save, real_write = torch.save, egeria.serialization._atomic_write
+    full = OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(full))
     with pytest.raises(OSError, match="No space left"):
         eg2.save(tmp_path / "ckpt")
-    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
-    with pytest.raises(FileNotFoundError, match="missing egeria.json, egeria.pt"):
+    monkeypatch.setattr(torch, "save", real_save)
+
+    def json_fails(path, write):
+        if path.name == "egeria.json":
+            raise full
+        real_write(path, write)
+
+    monkeypatch.setattr(egeria.serialization, "_atomic_write", json_fails)
+    with pytest.raises(OSError, match="No space left"):
+        eg2.save(tmp_path / "ckpt")
+    monkeypatch.setattr(egeria.serialization, "_atomic_write", real_write)
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    assert {k: v for k, v in kept.items() if k in before} == before  # the new tensor file is stray
+    _, _, eg4 = fresh()
+    eg4.load(tmp_path / "ckpt")
+    assert eg4.steps == 30
+    eg2.save(tmp_path / "ckpt")
+    assert len(list((tmp_path / "ckpt").glob("egeria-*.pt"))) == 1
+    with pytest.raises(FileNotFoundError, match="missing egeria.json"):
         eg2.load(tmp_path / "nothing")
-    (tmp_path / "ckpt" / "egeria.pt").write_bytes(b"not a torch file")
+    [tensor_file] = (tmp_path / "ckpt").glob("egeria-*.pt")
+    tensor_file.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="cannot be read"):
         eg2.load(tmp_path / "ckpt")
+
+
+def test_a_refused_state_changes_nothing_and_the_schedule_can_follow_a_load():
+    model, opt, eg = make()
+    train_until_frozen(model, opt, eg, batches(1) * 100)
+    steps, frozen = eg.steps, list(eg.frozen)
+    state = json.loads(json.dumps(eg.state_dict()))
+    assert state["total_steps"] is None
+    with pytest.raises(ValueError, match="rank other than 0"):
+        eg.load_state_dict({**state, "policy_state": None})
+    assert (eg.steps, eg.frozen) == (steps, frozen)  # checked before anything was touched
+
+    # A fresh Egeria that loads a state may still be given the run's length, and a saved
+    # length comes back when none is given.
+    torch.manual_seed(0)
+    model2 = Chain()
+    opt2 = torch.optim.SGD(model2.parameters(), lr=1e-4)
+    eg2 = egeria.Egeria(model2, opt2, config=quick_config(), example_inputs=(torch.randn(2, 8),))
+    eg2.load_state_dict(state)
+    eg2.set_schedule(total_steps=500)
+    assert eg2.total_steps == 500
+    eg3 = egeria.Egeria(model2, opt2, config=quick_config(), example_inputs=(torch.randn(2, 8),))
+    eg3.load_state_dict({**state, "total_steps": 300})
+    assert eg3.total_steps == 300

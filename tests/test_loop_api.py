@@ -187,7 +187,7 @@ def test_a_frameworks_optimizer_wrapper_is_seen_through():
     assert eg.steps == 3
 
 
-def test_the_output_losses_of_a_steps_micro_batches_are_summed():
+def test_the_output_losses_of_a_steps_micro_batches_are_averaged():
     model = _WithLoss()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     got = []
@@ -202,7 +202,7 @@ def test_the_output_losses_of_a_steps_micro_batches_are_summed():
             opt.step()
             opt.zero_grad()
         eg.step()
-    assert got == pytest.approx([losses[0] + losses[1], losses[2] + losses[3]])
+    assert got == pytest.approx([(losses[0] + losses[1]) / 2, (losses[2] + losses[3]) / 2])
 
 
 class _Task(nn.Module):

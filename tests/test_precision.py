@@ -89,3 +89,34 @@ def test_autofreeze_reads_unscaled_gradients_and_ignores_overflowing_steps():
 
     clean, overflowed = run(False), run(True)
     assert clean and overflowed == clean
+
+
+def test_a_fused_optimizer_under_a_grad_scaler_skips_overflowing_steps_for_egeria_and_autofreeze():
+    """GradScaler calls a fused optimizer's step() even when gradients overflowed (the
+    kernel skips the update, told by ``optimizer.found_inf``), with scaled gradients: such
+    steps must not count, and AutoFreeze must read unscaled norms."""
+
+    def run(overflow: bool):
+        torch.manual_seed(0)
+        model = tiny_cnn()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        config = egeria.EgeriaConfig(policy="autofreeze", policy_options={"interval": 5})
+        eg = egeria.Egeria(model, opt, config=config)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=10**6)
+        data = batches(40, image=True)
+        if overflow:
+            data = data[:12] + [data[12]] + data[12:]
+        for i, (x, y) in enumerate(data):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss * (float("inf") if overflow and i == 12 else 1.0)).backward()
+            scaler.step(opt)
+            scaler.update(1024.0)  # the same scale every step: both runs see the same gradients
+            eg.step(loss)
+        result = eg.steps, [(d.step, d.modules) for d in eg.events]
+        eg.close()
+        return result
+
+    clean, overflowed = run(False), run(True)
+    assert clean[0] == overflowed[0] == 40 and clean[1]
+    assert overflowed == clean

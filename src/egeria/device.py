@@ -64,18 +64,20 @@ class HostCopy:
         if device is None:
             self._tree = map_tensors(tree, lambda t: t.detach().clone())
             return
+        # A device clone first, on the training stream: later in-place ops of the forward
+        # (a ReLU(inplace=True) after the hooked block) must not reach the copy.
+        tree = map_tensors(tree, lambda t: t.detach().clone() if t.is_cuda else t.detach())
         current = torch.cuda.current_stream(device)
         side = _side_stream(device)
-        side.wait_stream(current)  # the copy reads what the training stream wrote before now
+        side.wait_stream(current)  # the copy reads the clones once the training stream made them
 
         def start(t: torch.Tensor) -> torch.Tensor:
-            t = t.detach()
             if not t.is_cuda:
                 return t.clone()
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             with torch.cuda.stream(side):
                 host.copy_(t, non_blocking=True)
-            t.record_stream(side)  # the allocator keeps t until the copy is done
+            t.record_stream(side)  # the allocator keeps the clone until the copy is done
             return host
 
         self._tree = map_tensors(tree, start)
@@ -149,21 +151,21 @@ class Stopwatch:
     (whose work runs after the host moved on). :meth:`seconds` is None until known."""
 
     def __init__(self, device: torch.device | None) -> None:
-        self._cuda = device is not None and device.type == "cuda"
+        self._device = device if device is not None and device.type == "cuda" else None
         self._host: tuple[float, float | None] = (time.perf_counter(), None)
-        if self._cuda:
+        if self._device is not None:
             self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self._start.record()
+            self._start.record(torch.cuda.current_stream(self._device))
 
     def stop(self) -> None:
-        if self._cuda:
-            self._end.record()
+        if self._device is not None:
+            self._end.record(torch.cuda.current_stream(self._device))
         else:
             self._host = (self._host[0], time.perf_counter())
 
     def seconds(self) -> float | None:
         """The time between start and :meth:`stop`, or None while the device is still on it."""
-        if self._cuda:
+        if self._device is not None:
             return self._start.elapsed_time(self._end) / 1e3 if self._end.query() else None
         started, stopped = self._host
         return None if stopped is None else stopped - started

@@ -41,6 +41,7 @@ _MODULE_HOOKS = (
     "_state_dict_pre_hooks",
     "_load_state_dict_pre_hooks",
     "_load_state_dict_post_hooks",
+    "_is_full_backward_hook",
 )
 
 
@@ -90,6 +91,31 @@ def check_ddp(ddp: nn.Module) -> None:
             "Egeria rebuilds DistributedDataParallel when modules freeze and cannot carry over "
             "delay_all_reduce_named_params; build the DDP without it"
         )
+    if getattr(ddp, "mixed_precision", None) is not None:
+        raise ValueError(
+            "Egeria rebuilds DistributedDataParallel when modules freeze and cannot carry over DDP's own "
+            "mixed_precision (it installs hooks on the module that a rebuild would duplicate); use torch.autocast"
+        )
+
+
+def _reset_bucket_state(state: Any) -> None:
+    """A communication hook's state kept per bucket (PowerSGD's error feedback and low-rank
+    memories) does not fit the rebuilt buckets: it starts afresh, as after DDP's own
+    bucket rebuild."""
+    if state is None:
+        return
+    reset = False
+    for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
+        memory = getattr(state, name, None)
+        if isinstance(memory, dict):
+            memory.clear()
+            reset = True
+    if not reset:
+        logger.warning(
+            "Egeria rebuilt DistributedDataParallel's buckets; the state of its communication hook (%s) is kept "
+            "as it is: if it is kept per bucket, reset it on_change",
+            type(state).__name__,
+        )
 
 
 def rebuild_ddp(ddp: nn.Module) -> None:
@@ -100,6 +126,8 @@ def rebuild_ddp(ddp: nn.Module) -> None:
     """
     check_ddp(ddp)
     hooks = list(getattr(ddp, "_comm_hooks", []))
+    for _, state in hooks:
+        _reset_bucket_state(state)
     kept = {name: getattr(ddp, name) for name in _MODULE_HOOKS if hasattr(ddp, name)}
     training = ddp.training
     options = dict(
@@ -111,9 +139,14 @@ def rebuild_ddp(ddp: nn.Module) -> None:
         find_unused_parameters=ddp.find_unused_parameters,
         gradient_as_bucket_view=ddp.gradient_as_bucket_view,
         static_graph=ddp.static_graph,
-        mixed_precision=getattr(ddp, "mixed_precision", None),
         init_sync=False,
     )
+    for name in ("skip_all_reduce_unused_params", "batched_grad_copy"):  # newer options
+        if hasattr(ddp, name):
+            options[name] = getattr(ddp, name)
+    caps = getattr(ddp, "bucket_bytes_cap_list", None)
+    if caps and getattr(ddp, "_bucket_config", None) is not None and ddp._bucket_config.per_bucket_bytes_caps:
+        options["bucket_cap_mb_list"] = [cap / 2**20 for cap in caps]
     if hasattr(ddp, "forward_sync_buffers"):  # torch >= 2.12 names it so
         options["forward_sync_buffers"] = ddp.forward_sync_buffers
     else:

@@ -132,7 +132,7 @@ class Egeria:
         self.steps = 0
         self.events: list[Decision] = []
         self.on_change = on_change
-        self._output_loss: torch.Tensor | None = None
+        self._output_loss: tuple[Any, int] | None = None  # (sum, count) of this step's output losses
         self._own = OwnPasses(model)
         self._blocks = find_blocks(model, self.config.modules)
         check_blocks(model, self._blocks)
@@ -142,6 +142,7 @@ class Egeria:
         self._partition_error: ValueError | None = None
         self._prefix: FrozenPrefix | None = None
         self._bound = False
+        self._planned = False  # a step ran: total_steps is fixed
         self._cache: Any = None  # an egeria.cache.ActivationCache once cache_loader() is called
         self._closed = False
         self.set_schedule(total_steps=total_steps, lr_scheduler=lr_scheduler)
@@ -275,7 +276,7 @@ class Egeria:
         """
         if total_steps is not None:
             check_int(total_steps, "total_steps")
-            if self._bound:
+            if self._planned:
                 raise RuntimeError("Egeria.set_schedule(total_steps=...) must come before the first step()")
             self.total_steps = total_steps
         if lr_scheduler is not None and isinstance(self.policy, KnowledgeGuided) and not self._custom_unfreeze:
@@ -295,7 +296,7 @@ class Egeria:
 
         Args:
             loss: the step's training loss (a scalar tensor or a number); used during
-                bootstrapping. Non-finite values are logged and ignored. None: the sum
+                bootstrapping. Non-finite values are logged and ignored. None: the mean
                 of the losses the model's training forwards returned since the previous
                 step, where its output carries one (``output.loss`` or
                 ``output["loss"]``, as Hugging Face models do; under gradient
@@ -313,9 +314,10 @@ class Egeria:
         loss_value = _checked_loss(loss)
         if not self._counter.boundary():
             return []
-        if loss_value is None:
-            loss_value = self._output_loss
-        self._output_loss = None  # the next step's micro-batches sum afresh
+        if loss_value is None and self._output_loss is not None:
+            total, count = self._output_loss
+            loss_value = total / count
+        self._output_loss = None  # the next step's micro-batches count afresh
         if getattr(self.policy, "requires_total_steps", False) and self.total_steps is None and not self._bound:
             raise ValueError(
                 "EgeriaConfig.eval_interval=None derives n from total_steps, but total_steps=None; "
@@ -323,6 +325,7 @@ class Egeria:
                 "before training, or set eval_interval"
             )
         prefix = self._bind()
+        self._planned = True  # the policy plans with total_steps from this step on
         self.steps += 1
         before = len(self.events)
         partition = prefix.partition
@@ -371,7 +374,8 @@ class Egeria:
             loss = output.get("loss")
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             loss = loss.detach().reshape(())
-            self._output_loss = loss if self._output_loss is None else self._output_loss + loss
+            total, count = self._output_loss or (0.0, 0)
+            self._output_loss = (loss + total, count + 1)
 
     def _bind(self) -> FrozenPrefix:
         """The frozen prefix; at the first call, also binds the policy to the layer modules."""
@@ -461,6 +465,7 @@ class Egeria:
             "config": self.config.to_dict(),
             "partition": prefix.partition.to_state(),
             "steps": self.steps,
+            "total_steps": self.total_steps,
             "frozen": prefix.count,
             "events": [d.to_dict() for d in self.events],
             "policy": self.policy.name,
@@ -470,9 +475,9 @@ class Egeria:
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Writes :meth:`state_dict` into ``directory`` as ``egeria.json`` (a few numbers
-        and names) and ``egeria.pt`` (the reference model's tensors as tensors), each
-        written to a temporary file and renamed, so a crash or a full disk leaves the
-        previous checkpoint whole.
+        and names) and ``egeria-<id>.pt`` (the reference model's tensors as tensors); the
+        JSON is renamed into place last, so a crash or a full disk at any point leaves the
+        previous checkpoint whole (:mod:`egeria.serialization`).
 
         Raises:
             OSError: the files cannot be written (the previous ones are kept).
@@ -507,6 +512,11 @@ class Egeria:
         partition = Partition.from_state(self.model, state["partition"])
         if self._partition is not None and partition.names != self._partition.names:
             raise ValueError(f"saved layer modules {partition.names} differ from {self._partition.names}")
+        if self._decides and state["policy_state"] is None:
+            raise ValueError("this Egeria state was saved on a rank other than 0, which does not run the policy; load rank 0's")
+        # Checked: nothing above changed this Egeria; from here on it takes the state.
+        if self.total_steps is None and state.get("total_steps") is not None:
+            self.total_steps = int(state["total_steps"])
         self._release()
         if self._trace is not None:
             self._trace.remove()
@@ -514,8 +524,6 @@ class Egeria:
         self._partition, self._prefix = partition, None
         self.steps = int(state["steps"])
         self.events = [Decision.from_dict(e) for e in state["events"]]
-        if self._decides and state["policy_state"] is None:
-            raise ValueError("this Egeria state was saved on a rank other than 0, which does not run the policy; load rank 0's")
         prefix = self._bind()
         prefix.move_to(int(state["frozen"]))
         if self._decides:

@@ -1,6 +1,10 @@
 """Tensors inside JSON (raw bytes in base64, with dtype and shape), and a checkpoint
 folder that keeps them as tensors instead: ``egeria.json`` (the state, each tensor
-replaced by a reference) beside ``egeria.pt`` (the tensors), both written atomically."""
+replaced by a reference, and the name of its tensor file) beside ``egeria-<id>.pt`` (the
+tensors). The tensor file is written under a new name first, then ``egeria.json`` is
+renamed into place (the commit), then older tensor files go: a crash or a full disk at
+any point leaves the previous checkpoint whole and never pairs one save's JSON with
+another's tensors."""
 
 from __future__ import annotations
 
@@ -9,15 +13,16 @@ import json
 import os
 import pickle
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["encode_tensor", "decode_tensor", "write_state", "read_state", "STATE_FILES"]
+__all__ = ["encode_tensor", "decode_tensor", "write_state", "read_state", "STATE_FILE"]
 
-#: The files of a checkpoint folder written by :func:`write_state`.
-STATE_FILES = ("egeria.json", "egeria.pt")
+#: The file that commits a checkpoint folder written by :func:`write_state`.
+STATE_FILE = "egeria.json"
 
 
 def encode_tensor(tensor: torch.Tensor) -> dict:
@@ -87,13 +92,17 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 
 def write_state(state: dict, directory: str | os.PathLike[str]) -> None:
-    """Writes a JSON-safe state with encoded tensors as ``egeria.json`` + ``egeria.pt``."""
+    """Writes a JSON-safe state with encoded tensors as ``egeria.json`` + ``egeria-<id>.pt``."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     meta = _split(state, tensors)
-    _atomic_write(folder / STATE_FILES[1], lambda f: torch.save(tensors, f))
-    _atomic_write(folder / STATE_FILES[0], lambda f: f.write(json.dumps(meta).encode()))
+    name = f"egeria-{uuid.uuid4().hex[:12]}.pt"
+    _atomic_write(folder / name, lambda f: torch.save(tensors, f))
+    _atomic_write(folder / STATE_FILE, lambda f: f.write(json.dumps({"tensors_file": name, "state": meta}).encode()))
+    for old in folder.glob("egeria-*.pt"):
+        if old.name != name:
+            old.unlink(missing_ok=True)
 
 
 def read_state(directory: str | os.PathLike[str]) -> dict:
@@ -104,12 +113,11 @@ def read_state(directory: str | os.PathLike[str]) -> dict:
         ValueError: the files do not belong together or cannot be read.
     """
     folder = Path(directory)
-    missing = [name for name in STATE_FILES if not (folder / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder} has no Egeria checkpoint: missing {', '.join(missing)}")
+    if not (folder / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{folder} has no Egeria checkpoint: missing {STATE_FILE}")
     try:
-        meta = json.loads((folder / STATE_FILES[0]).read_text())
-        tensors = torch.load(folder / STATE_FILES[1], map_location="cpu", weights_only=True)
-    except (json.JSONDecodeError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        saved = json.loads((folder / STATE_FILE).read_text())
+        tensors = torch.load(folder / saved["tensors_file"], map_location="cpu", weights_only=True)
+    except (json.JSONDecodeError, KeyError, TypeError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
         raise ValueError(f"the Egeria checkpoint in {folder} cannot be read: {err}") from err
-    return _join(meta, tensors)
+    return _join(saved["state"], tensors)

@@ -3,7 +3,9 @@
 Egeria counts steps from the optimizer itself (``optimizer.register_step_post_hook``), so
 a loop may call ``eg.step()`` after every micro-batch (gradient accumulation, a
 framework's per-batch callback) or after a step that ``GradScaler`` skipped (it does not
-call ``optimizer.step()`` when gradients overflow): such calls count nothing. A call after
+call ``optimizer.step()`` when gradients overflow; for a fused optimizer it does, with
+``optimizer.found_inf`` set, and the kernel skips the update: such a step is read as
+skipped at the boundary, one scalar read): such calls count nothing. A call after
 two or more optimizer steps is an error (Egeria would miss step boundaries). An optimizer
 without step hooks (not a ``torch.optim.Optimizer``) counts every call, as before.
 """
@@ -11,6 +13,8 @@ without step hooks (not a ``torch.optim.Optimizer``) counts every call, as befor
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 __all__ = ["OptimizerSteps"]
 
@@ -22,6 +26,7 @@ class OptimizerSteps:
     def __init__(self, optimizer: Any) -> None:
         self.taken = 0  # optimizer steps since this counter was made
         self.counted = 0  # of those, the ones Egeria.step() has accounted for
+        self._found_inf: list[torch.Tensor] = []  # GradScaler's flags of fused steps since then
         register = getattr(optimizer, "register_step_post_hook", None)
         self._handle = register(self._on_step) if callable(register) else None
 
@@ -38,7 +43,9 @@ class OptimizerSteps:
         """
         if self._handle is None:
             return True
-        pending = self.taken - self.counted
+        skipped = sum(1 for flag in self._found_inf if bool(flag.item() > 0))
+        self._found_inf = []
+        pending = self.taken - self.counted - skipped
         if pending > 1:
             raise ValueError(
                 f"the optimizer stepped {pending} times since the last Egeria.step(): call eg.step() once after "
@@ -50,6 +57,7 @@ class OptimizerSteps:
     def settle(self) -> None:
         """Accounts for every optimizer step so far (a checkpoint was just loaded)."""
         self.counted = self.taken
+        self._found_inf = []
 
     def remove(self) -> None:
         if self._handle is not None:
@@ -58,3 +66,6 @@ class OptimizerSteps:
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.taken += 1
+        found = getattr(optimizer, "found_inf", None)  # set by GradScaler around a fused step
+        if isinstance(found, torch.Tensor):
+            self._found_inf.append(found.detach().clone())

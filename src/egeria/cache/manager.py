@@ -245,8 +245,8 @@ class ActivationCache:
         if self._unwritten is None:
             return
         (level, keys, copy), self._unwritten = self._unwritten, None
-        if self.off or self.levels.get(level.frozen) is not level:
-            return  # the level was dropped meanwhile
+        if self.off or level.off is not None or self.levels.get(level.frozen) is not level:
+            return  # the level was dropped or turned off (e.g. computing is cheaper) meanwhile
         try:
             self._write(level, keys, copy.get())
         except StoreFull as err:

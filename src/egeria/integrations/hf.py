@@ -16,17 +16,17 @@ Where the Trainer's events fire and what the callback does there::
         model weights loaded from ckpt
         optimizer and scheduler created, their state loaded from ckpt
         on_train_begin -> Egeria(model, optimizer, lr_scheduler=..., total_steps=state.max_steps);
-                          resuming: Egeria's state loaded from ckpt/egeria.json + egeria.pt
+                          resuming: Egeria's state loaded from ckpt/egeria.json + egeria-<id>.pt
         for each optimizer step (gradient_accumulation_steps micro-batches):
             forward (Egeria keeps output.loss), backward       # per micro-batch
             optimizer.step(); lr_scheduler.step()
             on_step_end    -> eg.step(): modules freeze or unfreeze here
-            checkpoint-N/ saved; on_save -> checkpoint-N/egeria.json + egeria.pt written
+            checkpoint-N/ saved; on_save -> checkpoint-N/egeria.json + egeria-<id>.pt written
         on_train_end   -> eg.close(): hooks removed, frozen modules trainable again
 
 Steps are counted from the optimizer, so they match ``state.global_step`` (less the steps
-a ``GradScaler`` skipped under fp16). The loss Egeria reads is the ``loss`` of the model's
-output in the last micro-batch of each step. A resumed run finds Egeria's state in
+a ``GradScaler`` skipped under fp16). The loss Egeria reads is the mean ``loss`` of the
+model's outputs over each step's micro-batches. A resumed run finds Egeria's state in
 ``args.output_dir/checkpoint-{global_step}``, the folder the Trainer saved it to (a
 checkpoint without one starts Egeria afresh, with a warning). Not supported: several
 processes (DDP, FSDP, DeepSpeed) and ``DataParallel``, whose model wrapper a callback
@@ -41,7 +41,7 @@ from typing import Any
 
 from ..config import EgeriaConfig
 from ..engine import Egeria
-from ..serialization import STATE_FILES
+from ..serialization import STATE_FILE as _EGERIA_FILE
 
 try:
     from transformers import TrainerCallback
@@ -54,7 +54,7 @@ __all__ = ["EgeriaCallback", "STATE_FILE"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = STATE_FILES[0]  # egeria.json, beside egeria.pt (Egeria.save)
+STATE_FILE = _EGERIA_FILE  # egeria.json, beside egeria-<id>.pt (Egeria.save)
 # Egeria arguments the callback passes itself, taken from the Trainer.
 _FROM_TRAINER = ("model", "optimizer", "lr_scheduler", "total_steps", "example_inputs")
 _ALLOWED = ("unfreeze_rule", "policy", "on_change")

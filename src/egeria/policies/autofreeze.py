@@ -60,11 +60,20 @@ class AutoFreeze:
 
     def _add_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """Adds this step's squared gradient norm of each freezable module (frozen ones
-        have no gradients)."""
+        have no gradients). A fused optimizer stepped by ``GradScaler`` still holds scaled
+        gradients (``optimizer.grad_scale``) and skips the update itself when they
+        overflowed (``optimizer.found_inf``): unscaled here, and such a step adds nothing
+        (no host sync)."""
+        scale = getattr(optimizer, "grad_scale", None)
+        found = getattr(optimizer, "found_inf", None)
         for index, params in enumerate(self._params):
             grads = [p.grad.detach() for p in params if p.grad is not None]
             if grads:
                 squared = torch.stack([g.double().pow(2).sum() for g in grads]).sum()
+                if isinstance(scale, torch.Tensor):
+                    squared = squared / scale.to(squared.device).double().pow(2)
+                if isinstance(found, torch.Tensor):
+                    squared = torch.where(found.to(squared.device) > 0, torch.zeros_like(squared), squared)
                 self._sums[index] = self._sums[index].to(squared.device) + squared
 
     def unbind(self) -> None:
