@@ -36,6 +36,8 @@ def test_the_budget_measures_readings_against_plain_steps():
     assert budget.figures() == pytest.approx((0.030, 0.100))
     assert budget.share(20) == pytest.approx(0.015)  # 30 ms per 20 x 100 ms
     assert budget.interval() == 30  # 30 ms / (1% x 100 ms)
+    # over the run: 3 readings of 30 ms in 12 steps of 100 ms training
+    assert budget.summary() == pytest.approx({"egeria_s": 0.090, "run_s": 1.290, "share": 0.090 / 1.290})
 
 
 class Measured(CostBudget):

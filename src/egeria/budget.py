@@ -38,6 +38,8 @@ class CostBudget:
         self.step_s: list[float] = []  # training time of steps without an evaluation
         self._spent = 0.0
         self._step_started: float | None = None
+        self.total_spent_s = 0.0  # Egeria's time on the training thread over the run
+        self.total_s = 0.0  # the run's time between the first and the last step boundary
 
     @contextlib.contextmanager
     def spending(self) -> Iterator[None]:
@@ -53,12 +55,19 @@ class CostBudget:
         evaluation. The first call only starts the clock."""
         now = self.clock()
         if self._step_started is not None:
+            self.total_spent_s += self._spent
+            self.total_s += now - self._step_started
             if evaluated:
                 self.evaluation_s.append(self._spent)
             else:
                 self.step_s.append(now - self._step_started - self._spent)
             self.evaluation_s, self.step_s = self.evaluation_s[-9:], self.step_s[-25:]
         self._step_started, self._spent = now, 0.0
+
+    def summary(self) -> dict:
+        """Egeria's time on the training thread over the run, and its share of the run."""
+        share = self.total_spent_s / self.total_s if self.total_s > 0 else None
+        return {"egeria_s": self.total_spent_s, "run_s": self.total_s, "share": share}
 
     @property
     def measured(self) -> bool:

@@ -203,9 +203,13 @@ class Egeria:
     @property
     def controller_stats(self) -> dict:
         """The controller link's counts: executor, evaluations sent, dropped and answered,
-        decisions discarded as too late, the lag (in steps) of every answer, faults."""
+        decisions discarded as too late, the lag (in steps) of every answer, faults, and
+        ``overhead``: Egeria's own time on the training thread over the run (seconds, and
+        its share of the run's wall time between step boundaries)."""
         link = getattr(self.policy, "link", None)
-        return {} if link is None else link.stats()
+        if link is None:
+            return {}
+        return {**link.stats(), "overhead": self.policy.budget.summary()}
 
     @property
     def cache_stats(self) -> dict:
