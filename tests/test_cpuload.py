@@ -34,6 +34,12 @@ def test_a_control_message_interrupts_the_wait():
     assert len(calls) == 2 and load.calls == 2
 
 
+def test_a_host_that_is_never_quiet_does_not_stop_the_readings():
+    load = FakeLoad([0.9] * 10**6)
+    waited = wait_for_quiet(load, 0.5, interrupt=lambda: False, slice_s=0.01, max_wait_s=0.05)
+    assert waited >= 0.05 and load.calls >= 2  # it gave up waiting instead of waiting forever
+
+
 def test_an_unmeasurable_load_does_not_wait():
     load = FakeLoad([None])
     assert wait_for_quiet(load, 0.5, interrupt=lambda: False, slice_s=10.0) < 1.0

@@ -67,14 +67,22 @@ class CpuLoad:
 
 
 def wait_for_quiet(
-    load: CpuLoad, threshold: float, *, interrupt: Callable[[], bool], slice_s: float = 0.1
+    load: CpuLoad,
+    threshold: float,
+    *,
+    interrupt: Callable[[], bool],
+    slice_s: float = 0.1,
+    max_wait_s: float = 1.0,
 ) -> float:
-    """Waits until the other processes' load falls below ``threshold`` or ``interrupt()``
-    is true; returns the seconds waited. The first look covers the time since the
-    previous sample; after that, slices of ``slice_s``. An unmeasurable load does not wait."""
+    """Waits until the other processes' load falls below ``threshold``, ``interrupt()`` is
+    true, or ``max_wait_s`` have passed (a host that is never quiet must not stop the
+    readings: they go on, only less politely); returns the seconds waited. The first look
+    covers the time since the previous sample; after that, slices of ``slice_s``. An
+    unmeasurable load does not wait."""
     started = time.monotonic()
     while True:
         share = load.sample()
-        if share is None or share < threshold or interrupt():
-            return time.monotonic() - started
-        time.sleep(slice_s)
+        waited = time.monotonic() - started
+        if share is None or share < threshold or interrupt() or waited >= max_wait_s:
+            return waited
+        time.sleep(min(slice_s, max(0.0, max_wait_s - waited)))
