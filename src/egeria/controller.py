@@ -47,7 +47,7 @@ from .plasticity import ModuleWatch
 from .protocol import Readout, Request, Result
 from .reference import ReferenceModel
 from .serialization import decode_tensor, encode_tensor
-from .similarity import sp_loss
+from .similarity import Gram, sp_loss
 from .threads import limited_threads
 from .truncated import outputs_until
 from .weights import as_mapping
@@ -166,7 +166,7 @@ class Controller:
         training = readout.activation
         if training is None:
             training = self._front(weights, self._batch(request), watched)
-        values = [float(sp_loss(t.float(), r)) for t, r in zip(training, reference)]
+        values = [float(sp_loss(t if isinstance(t, Gram) else t.float(), r)) for t, r in zip(training, reference)]
         if not all(math.isfinite(v) for v in values):
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")

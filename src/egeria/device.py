@@ -14,6 +14,8 @@ CPU tensors, where every copy is a plain clone, ready at once. Beside a CUDA dev
 - :func:`to_device` (the cache's prefetch thread) copies on a side stream too; the
   consumer's stream waits on its event (:func:`wait_for`) before using the tensor.
 - :class:`Stopwatch` times work on the device with events, read once they completed.
+- :func:`gram_where_it_lives`: a captured activation on an accelerator crosses as its
+  ``batch x batch`` Gram matrix (:class:`egeria.similarity.Gram`), not whole.
 - :func:`safe_start_method`: a process forked after CUDA was initialised cannot use it
   (and may hang), so the controller then starts with ``spawn``.
 """
@@ -28,7 +30,16 @@ import torch
 
 from .nested import leaves, map_tensors
 
-__all__ = ["HostCopy", "pack_to_host", "to_device", "wait_for", "Stopwatch", "safe_start_method", "as_float32"]
+__all__ = [
+    "HostCopy",
+    "pack_to_host",
+    "to_device",
+    "wait_for",
+    "Stopwatch",
+    "safe_start_method",
+    "as_float32",
+    "gram_where_it_lives",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +105,14 @@ class HostCopy:
             self._event.synchronize()
             self._event = None
         return self._tree
+
+
+def gram_where_it_lives(activation: torch.Tensor) -> bool:
+    """Whether a captured training activation is reduced to its Gram matrix where it lives
+    before it crosses to the controller: on an accelerator, where that is a cheap kernel
+    and spares the copy of ``batch x features`` numbers; not on the CPU, whose cores
+    train (the controller computes it there, as before)."""
+    return activation.is_cuda
 
 
 def as_float32(tree: Any) -> Any:

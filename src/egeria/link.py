@@ -21,6 +21,7 @@ from .device import HostCopy, as_float32
 from .executors import ControllerStartError, Executor, ThreadExecutor
 from .protocol import Readout, Request, Result, result_from_json, result_to_json
 from .service import ControllerSpec
+from .similarity import Gram
 from .weights import ModuleKeys
 
 __all__ = ["ControllerLink"]
@@ -151,7 +152,7 @@ class ControllerLink:
             if any(i not in evaluation.activations for i in watched):
                 self._cancel()
                 return False
-            activations = [evaluation.activations[i].get() for i in watched]
+            activations = [_as_reading(evaluation.activations[i].get()) for i in watched]
         weights = self._front_weights(state(), evaluation.module)
         self.executor.readout(Readout(self.seq, activations, weights))
         return True
@@ -343,6 +344,14 @@ class ControllerLink:
         self._finalizer.detach()
         self.evaluation = None
         self.executor.close()
+
+
+def _as_reading(captured: Any) -> Any:
+    """A captured activation as the controller reads it: the tensor, or its Gram matrix
+    when it was reduced where it lives (``{"gram": matrix}``)."""
+    if isinstance(captured, dict) and set(captured) == {"gram"}:
+        return Gram(captured["gram"])
+    return captured
 
 
 def _close_quietly(executor: Executor) -> None:

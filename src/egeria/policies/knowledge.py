@@ -25,18 +25,19 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import device
 from ..bootstrap import BootstrapMonitor
 from ..budget import CostBudget
 from ..config import EgeriaConfig
 from ..decision import Decision
+from ..device import HostCopy
 from ..executors import Executor, make_executor
 from ..hooks import mark
 from ..link import ControllerLink
-from ..nested import leaves, map_tensors
-from ..device import HostCopy
-from ..nested import first_tensor
+from ..nested import first_tensor, leaves, map_tensors
 from ..placement import controller_threads, resolve_executor, resolve_precision
 from ..service import ControllerSpec
+from ..similarity import gram_of
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
 from ..weights import ModuleKeys, cpu_snapshot
 from .base import Binding, Move, StepInfo
@@ -265,7 +266,10 @@ class KnowledgeGuided:
             if self.link is not None and self.link.wants_activation(index):
                 tensor = first_tensor(output)
                 if tensor is not None:
-                    self.link.capture(index, HostCopy(tensor))
+                    if device.gram_where_it_lives(tensor):
+                        self.link.capture(index, HostCopy({"gram": gram_of(tensor).matrix}))
+                    else:
+                        self.link.capture(index, HostCopy(tensor))
 
         return hook
 
