@@ -367,3 +367,23 @@ def test_checkpoint_in_process_mode_waits_for_the_controller_and_resumes():
     train(model, opt, eg2, batches(1) * 10)
     assert len(eg2.history) > len(eg.history)
     eg2.close()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_does_not_wait_long_for_a_busy_controller_nor_stop_it(monkeypatch, caplog):
+    monkeypatch.setattr(egeria.executors, "_STATE_REPLY_S", 0.05)
+    torch.manual_seed(0)
+    model = Trapped("slow")  # every controller forward takes at least 0.3 s
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(executor="thread", cpu_threshold=None))
+    train(model, opt, eg, batches(1) * 4)  # guided from step 2: an evaluation is in flight
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        state = eg.state_dict()
+    assert state["policy_state"]["link"]["controller"] is None
+    assert any("did not answer 'state'" in r.getMessage() for r in caplog.records)
+    train(model, opt, eg, batches(1) * 4)
+    deadline = time.monotonic() + 30
+    while eg.controller_stats["answered"] == 0 and time.monotonic() < deadline:
+        train(model, opt, eg, batches(1))
+    assert eg.controller_stats["failure"] is None and eg.controller_stats["answered"] > 0  # it went on
+    eg.close()

@@ -42,6 +42,9 @@ __all__ = ["Executor", "InlineExecutor", "ThreadExecutor", "ProcessExecutor", "C
 logger = logging.getLogger(__name__)
 
 _REPLY_TIMEOUT_S = 60.0
+# How long a checkpoint waits for the controller's state; past it the checkpoint is saved
+# without it (a resumed run watches afresh) and the controller goes on.
+_STATE_REPLY_S = 10.0
 
 
 class ControllerStartError(RuntimeError):
@@ -137,6 +140,7 @@ class _QueueExecutor(Executor):
         self.timeout = timeout
         self.ready = False
         self._early: list[Result] = []
+        self._late_replies: set[str] = set()  # replies a caller stopped waiting for
         self._closed = False
         self.channels: Channels
 
@@ -176,6 +180,9 @@ class _QueueExecutor(Executor):
         if isinstance(message, Result):
             results.append(message)
             return True
+        if message.kind in self._late_replies:  # a reply a checkpoint stopped waiting for
+            self._late_replies.discard(message.kind)
+            return True
         if message.kind == "ready":
             self.ready = True
             return True
@@ -184,13 +191,16 @@ class _QueueExecutor(Executor):
             return False
         raise RuntimeError(f"unexpected reply {message.kind!r} from the controller")
 
-    def _ask(self, kind: str, answer: str, **args: Any) -> Any:
-        """Sends a control message and waits (up to the timeout) for its reply; results
-        arriving first are kept for the next :meth:`poll`."""
+    def _ask(self, kind: str, answer: str, *, limit_s: float = _REPLY_TIMEOUT_S, fail: bool = True, **args: Any) -> Any:
+        """Sends a control message and waits (up to the timeout, at most ``limit_s``) for
+        its reply; results arriving first are kept for the next :meth:`poll`. Without a
+        reply in time: the controller is failed when ``fail``, else None is returned and
+        the late reply is dropped when it comes."""
         if self.failure is not None:
             return None
         self._control(kind, **args)
-        deadline = time.monotonic() + min(self.timeout, _REPLY_TIMEOUT_S)
+        limit_s = min(self.timeout, limit_s)
+        deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             try:
                 message = self.channels.results.get(timeout=0.05)
@@ -203,11 +213,20 @@ class _QueueExecutor(Executor):
                 return message.payload
             if not self._take(message, self._early):
                 return None
-        self._fail(f"no answer to {kind!r} within {min(self.timeout, _REPLY_TIMEOUT_S):.0f} s")
+        if not fail:
+            self._late_replies.add(answer)
+            logger.warning(
+                "Egeria: the controller did not answer %r within %.0f s; saved without its readings (a resumed run "
+                "watches the front module afresh), and it goes on", kind, limit_s,
+            )
+            return None
+        self._fail(f"no answer to {kind!r} within {limit_s:.0f} s")
         return None
 
     def state_dict(self, live: Any, last_seq: int) -> dict | None:
-        return self._ask("state", "state", last_seq=last_seq, live=live)
+        """The controller's state for a checkpoint, or None when it does not answer within
+        a few seconds (the checkpoint never blocks for long nor stops the controller)."""
+        return self._ask("state", "state", limit_s=_STATE_REPLY_S, fail=False, last_seq=last_seq, live=live)
 
     def load_state_dict(self, state: dict, weights: Any, last_seq: int) -> None:
         self._ask("load", "loaded", state=state, weights=weights, last_seq=last_seq)
