@@ -312,6 +312,7 @@ def test_duplicate_runs_are_rejected(tmp_path: Path) -> None:
 def test_config_changed_from_the_defaults_shows_in_the_label(tmp_path: Path) -> None:
     acc = "resnet-fmnist"
     plain = _run(acc, "none", 0, [10, 20], [0.5, 0.9], 1000.0)
+    plain["config"] = {"eval_interval": 10, "policy": "none"}  # Egeria's fields do not concern a baseline
     default = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0)
     default["config"] = {"eval_interval": None, "window": 10, "policy": "egeria"}
     tuned = _run(acc, "egeria", 0, [10, 20], [0.5, 0.88], 800.0)

@@ -61,7 +61,7 @@ def layout_name(run: dict) -> str:
 
 def policy_label(run: dict) -> str:
     """The policy as shown: its name, with its options where it has any, the config
-    fields the run changed from the defaults (``egeria bench --set``) in brackets, and
+    fields an Egeria run changed from the defaults (``egeria bench --set``) in brackets, and
     ``+cache`` for a run trained through the activation cache (``egeria bench --cache``). Where the
     ``"accel"`` layout runs the controller (``executor``, ``controller_cpus``) is the
     layout's, shown with it, not here."""
@@ -69,7 +69,8 @@ def policy_label(run: dict) -> str:
     options = run.get("policy_options") or {}
     if options:
         label += "(" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
-    changed = _changed_fields(run.get("config") or {}, run.get("layout") or {"name": LEGACY_LAYOUT})
+    # Egeria's config fields matter to Egeria's policy only (the baselines have no controller).
+    changed = _changed_fields(run.get("config") or {}, run.get("layout") or {"name": LEGACY_LAYOUT}) if label == "egeria" else {}
     if changed:
         label += "[" + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) + "]"
     if run.get("cache"):
