@@ -153,3 +153,21 @@ def test_bad_policy_choices_are_clear_errors():
     model(torch.randn(4, 8))
     with pytest.raises(ValueError, match="pass total_steps"):
         idle_step(opt, eg)
+
+
+@pytest.mark.parametrize("policy", ["linear", "egeria"])
+def test_max_frozen_caps_the_frozen_prefix_for_every_policy(policy):
+    from tiny import quick_config
+
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    if policy == "linear":
+        config = egeria.EgeriaConfig(policy="linear", policy_options={"start": 0.1}, max_frozen=2)
+        eg = egeria.Egeria(model, opt, config=config, total_steps=60)
+    else:
+        eg = egeria.Egeria(model, opt, config=quick_config(window=3, rule="egeria", max_frozen=2))
+    train(model, opt, eg, batches(1) * 60)
+    assert len(eg.frozen) == 2 and eg.partition.freezable == 2 < len(eg.modules) - 1
+    with pytest.raises(ValueError, match="max_frozen=0"):
+        egeria.EgeriaConfig(max_frozen=0)

@@ -64,6 +64,10 @@ class EgeriaConfig:
     # Upper bound on the number of automatic layer modules; small neighbouring blocks
     # are merged until at most this many remain.
     max_modules: int = 8
+    # At most this many leading layer modules ever freeze (None: all but the head). A
+    # guard that keeps the last stages training; on resnet-fmnist freezing all 7
+    # freezable modules after the first LR drop cost 0.3-0.6 points (benchmarks/README.md).
+    max_frozen: int | None = None
     # Refresh the reference model from the training model every this many evaluations.
     # 1 (default) compares each reading against the snapshot of the previous evaluation,
     # so a reading measures how far the module moved in the last n steps.
@@ -139,6 +143,7 @@ class EgeriaConfig:
         _check_positive_int(self, "min_eval_interval")
         _check_positive_int(self, "window")
         _check_positive_int(self, "max_modules")
+        _check_optional_positive_int(self, "max_frozen")
         _check_positive_int(self, "reference_refresh")
         _check_optional_positive_int(self, "reference_threads")
         _check_positive_int(self, "min_window")

@@ -429,18 +429,26 @@ class Egeria:
                     "pass: call it after a forward pass (or pass example_inputs= to Egeria)"
                 )
             try:
-                self._partition = build_partition(
-                    self.model,
-                    self._blocks,
-                    order,
-                    max_modules=self.config.max_modules,
-                    user_chosen=chosen_modules(self.model, self.config.modules),
+                self._partition = self._capped(
+                    build_partition(
+                        self.model,
+                        self._blocks,
+                        order,
+                        max_modules=self.config.max_modules,
+                        user_chosen=chosen_modules(self.model, self.config.modules),
+                    )
                 )
             except ValueError as err:
                 logger.error("Egeria cannot split this model into layer modules: %s", err)
                 self._partition_error = err
                 raise
         return self._partition
+
+    def _capped(self, partition: Partition) -> Partition:
+        """``partition`` with at most ``config.max_frozen`` freezable modules."""
+        if self.config.max_frozen is not None:
+            partition.freezable = min(partition.freezable, self.config.max_frozen)
+        return partition
 
     def _finished_order(self) -> list[str] | None:
         """The blocks' execution order once the first forward pass has ended, else None."""
@@ -513,7 +521,7 @@ class Egeria:
         changed = {k: (v, state["config"].get(k)) for k, v in self.config.to_dict().items() if state["config"].get(k) != v}
         if changed:
             logger.warning("Egeria config differs from the saved one (now, saved): %s", changed)
-        partition = Partition.from_state(self.model, state["partition"])
+        partition = self._capped(Partition.from_state(self.model, state["partition"]))
         if self._partition is not None and partition.names != self._partition.names:
             raise ValueError(f"saved layer modules {partition.names} differ from {self._partition.names}")
         if self._decides and state["policy_state"] is None:
