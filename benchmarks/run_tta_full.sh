@@ -12,7 +12,10 @@
 #
 # Smoke run of every command (a few steps each, into a scratch folder):
 #   LAYOUT=cpu OUT=/tmp/tta-smoke EXTRA="--epochs 1 --limit 256 --eval-limit 100" bash benchmarks/run_tta_full.sh
-# EGERIA names the command to run (default .venv/bin/egeria).
+# EGERIA names the command to run (default .venv/bin/egeria). Egeria's runs train through
+# the activation cache (--cache, as the paper's figures); EGERIA_SET adds config fields to
+# them, e.g. EGERIA_SET="--set rule=egeria --set max_frozen=5". Seed 0 also runs without
+# the cache, so that the report shows the cache's effect apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${LAYOUT:?set LAYOUT=cpu or LAYOUT=accel}"
@@ -52,19 +55,24 @@ found() {  # task policy seed -> the run's JSON, if one exists
     if [ -f "$f" ]; then echo "$f"; return; fi
   done
 }
-run() {  # task policy seed
+run() {  # task policy seed [nocache]
   local done init=()
-  done=$(found "$1" "$2" "$3")
-  if [ -n "$done" ]; then echo "skip $done"; return; fi
   if [ "$1" = finetune-mnist ]; then
     local weights
     weights=$(found resnet-fmnist none 0)
     if [ -n "$weights" ]; then init=(--init "${weights%.json}.pt"); fi
   fi
-  echo "start $LAYOUT/$1/$2-seed$3 $(date -Is)"
+  local variant=() name="$2"
+  if [ "$2" = egeria ]; then
+    read -ra variant <<< "${EGERIA_SET:-}"
+    if [ "${4:-cache}" = cache ]; then variant+=(--cache); name="$2-cache"; fi
+  fi
+  done=$(found "$1" "$name" "$3")
+  if [ -n "$done" ]; then echo "skip $done"; return; fi
+  echo "start $LAYOUT/$1/$name-seed$3 $(date -Is)"
   # shellcheck disable=SC2086
   "${egeria[@]}" bench "$1" --policy "$2" --seed "$3" --layout "$LAYOUT" --out "$out" --no-progress \
-    ${size[$1]} "${init[@]}" "${extra[@]}"
+    ${size[$1]} "${init[@]}" "${variant[@]}" "${extra[@]}"
 }
 
 for task in $tasks; do
@@ -72,6 +80,7 @@ for task in $tasks; do
 done
 for task in $tasks; do
   for seed in 0 1; do run "$task" egeria "$seed"; done
+  run "$task" egeria 0 nocache
 done
 for task in $tasks; do
   for policy in freezeout linear static autofreeze; do run "$task" "$policy" 0; done
