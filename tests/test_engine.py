@@ -146,6 +146,15 @@ def test_user_unfreeze_rule_replaces_the_lr_rule():
     assert calls and calls[-1].frozen
 
 
+def _seeded(model_fn, **config):
+    """Seed 0's model, SGD (lr 1e-3, momentum 0.9) and Egeria with ``quick_config(**config)``:
+    the same start for a run and its resumed twin."""
+    torch.manual_seed(0)
+    model = model_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    return model, opt, egeria.Egeria(model, opt, config=quick_config(**config))
+
+
 @pytest.mark.parametrize(
     "model_fn,data,mode,split",
     [
@@ -158,10 +167,7 @@ def test_user_unfreeze_rule_replaces_the_lr_rule():
 )
 def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, mode, split):
     def fresh():
-        torch.manual_seed(0)
-        model = model_fn()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        return model, opt, egeria.Egeria(model, opt, config=quick_config(window=4, activation_mode=mode))
+        return _seeded(model_fn, window=4, activation_mode=mode)
 
     model, opt, eg = fresh()
     first = train(model, opt, eg, data[:split])
@@ -415,11 +421,7 @@ def test_save_and_load_a_checkpoint_folder_with_tensors_resumes_exactly(tmp_path
     data = batches(2) * 40
 
     def fresh():
-        torch.manual_seed(0)
-        model = Chain()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        # a fixed probe: the state carries a batch of tensors
-        return model, opt, egeria.Egeria(model, opt, config=quick_config(window=4, fixed_probe=True))
+        return _seeded(Chain, window=4, fixed_probe=True)  # a fixed probe: the state carries a batch of tensors
 
     model, opt, eg = fresh()
     train(model, opt, eg, data[:30])

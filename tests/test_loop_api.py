@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import egeria
-from tiny import Chain, batches, quick_config
+from tiny import Chain, batches, quick_config, train
 
 
 def _linear_policy(model, opt, total_steps, **kw):
@@ -91,12 +91,7 @@ def test_on_change_gets_every_decision_as_it_is_applied():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     got = []
     eg = _linear_policy(model, opt, total_steps=10, on_change=lambda d: got.append((eg.steps, d)))
-    for x, y in batches(10):
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        eg.step(loss)
+    train(model, opt, eg, batches(10))
     assert [d for _, d in got] == eg.events and got
     assert all(step == d.step for step, d in got)  # called inside the step that applies it
     with pytest.raises(ValueError, match="on_change must be callable"):
@@ -153,12 +148,7 @@ def test_egeria_on_a_compiled_model_hooks_the_module_inside():
     compiled = torch.compile(model, backend="eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     eg = egeria.Egeria(compiled, opt, config=egeria.EgeriaConfig(policy="static", policy_options={"count": 2, "at_step": 2}))
-    for x, y in batches(4):
-        loss = F.cross_entropy(compiled(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        eg.step(loss)
+    train(compiled, opt, eg, batches(4))  # the loop calls the compiled model
     assert eg.wrapper is compiled and eg.model is model
     assert eg.frozen == eg.modules[:2]
     assert not any(p.requires_grad for p in model.stem.parameters())

@@ -44,7 +44,7 @@ from .partition import ExecutionTrace, Partition, build_partition, check_blocks,
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
 from .serialization import read_state, write_state
 from .stepcount import OptimizerSteps
-from .wrappers import ddp_of, unwrap, unwrap_optimizer
+from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
@@ -118,6 +118,7 @@ class Egeria:
         self.wrapper = model
         model, wrappers = unwrap(model)
         self._ddp = ddp_of(wrappers)
+        self._compiled = compiled_in(wrappers)
         if module is not None:
             model = _submodule(model, module)
         optimizer = unwrap_optimizer(optimizer)
@@ -249,7 +250,7 @@ class Egeria:
         Raises:
             ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``.
         """
-        if self.wrapper is not self.model and _compiled(self.wrapper):
+        if self._compiled:
             raise ValueError(
                 "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
                 "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
@@ -598,17 +599,6 @@ def _choose_policy(config: EgeriaConfig, policy: FreezePolicy | None, unfreeze_r
     if unfreeze_rule is not None:
         raise ValueError("unfreeze_rule= applies to Egeria's own policy; give it to KnowledgeGuided(unfreeze_rule=...)")
     return policy
-
-
-def _compiled(wrapper: nn.Module) -> bool:
-    """Whether ``wrapper`` or a wrapper inside it is a ``torch.compile`` module."""
-    while True:
-        if hasattr(wrapper, "_orig_mod"):
-            return True
-        inner = getattr(wrapper, "module", None)
-        if not isinstance(inner, nn.Module):
-            return False
-        wrapper = inner
 
 
 def _submodule(model: nn.Module, module: Any) -> nn.Module:

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["unwrap", "unwrap_optimizer", "ddp_of"]
+__all__ = ["unwrap", "unwrap_optimizer", "ddp_of", "compiled_in"]
 
 
 def _compiled_type() -> type | None:
@@ -73,6 +73,12 @@ def unwrap_optimizer(optimizer: Any) -> Any:
             return optimizer
         optimizer = inner
     return optimizer
+
+
+def compiled_in(wrappers: list[nn.Module]) -> bool:
+    """Whether ``torch.compile`` is among ``wrappers`` (as :func:`unwrap` returns them)."""
+    compiled = _compiled_type()
+    return compiled is not None and any(isinstance(w, compiled) for w in wrappers)
 
 
 def ddp_of(wrappers: list[nn.Module]) -> nn.Module | None:
