@@ -203,7 +203,13 @@ def test_most_evaluations_lost_is_one_warning_that_says_what_to_change(caplog):
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "controller" in r.getMessage()]
+    """The controller's fault warnings. The starvation warning is left out: whether a
+    process controller keeps pace depends on the machine's speed, not on the fault."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "controller" in r.getMessage() and "cannot keep pace" not in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize(
