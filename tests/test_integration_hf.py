@@ -3,6 +3,7 @@ built from a config, gradient accumulation 2, a checkpoint resume."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import pytest
@@ -148,8 +149,10 @@ RESUMES = {
 }
 
 
-@pytest.mark.parametrize("case", RESUMES)
-def test_resume_restores_the_frozen_set_and_continues_like_an_uninterrupted_run(tmp_path, case):
+@pytest.mark.parametrize("case, where", [("static", "output_dir"), ("egeria", "output_dir"), ("static", "moved")])
+def test_resume_restores_the_frozen_set_and_continues_like_an_uninterrupted_run(tmp_path, case, where):
+    """``where``: the checkpoint lies under the resumed run's output_dir, or was moved
+    elsewhere and is named to the callback (``resume_from``)."""
     config, distinct, at, last = RESUMES[case]
     whole = EgeriaCallback(config)
     trainer, _ = trainer_for(tmp_path / "whole", whole, max_steps=last, save_steps=at, distinct=distinct)
@@ -160,10 +163,11 @@ def test_resume_restores_the_frozen_set_and_continues_like_an_uninterrupted_run(
     checkpoint = tmp_path / "whole" / f"checkpoint-{at}"
     assert (checkpoint / STATE_FILE).is_file()
 
-    shutil.copytree(checkpoint, tmp_path / "resumed" / checkpoint.name)
-    resumed = EgeriaCallback(config)
+    copy = tmp_path / "resumed" / checkpoint.name if where == "output_dir" else tmp_path / "moved" / "kept"
+    shutil.copytree(checkpoint, copy)
+    resumed = EgeriaCallback(config, resume_from=copy if where == "moved" else None)
     trainer, recorder = trainer_for(tmp_path / "resumed", resumed, max_steps=last, save_steps=at, distinct=distinct)
-    trainer.train(resume_from_checkpoint=str(tmp_path / "resumed" / checkpoint.name))
+    trainer.train(resume_from_checkpoint=str(copy))
     eg = resumed.egeria
     assert recorder.begin == (at, frozen_at_checkpoint)
     assert recorder.forwards == (last - at) * ACCUMULATION
@@ -172,6 +176,22 @@ def test_resume_restores_the_frozen_set_and_continues_like_an_uninterrupted_run(
     # The Trainer's own resume is exact on CPU (weights, AdamW state, scheduler, data order).
     for name, p in trainer.model.named_parameters():
         assert torch.equal(p, expected[name]), name
+
+
+def test_a_resume_without_egerias_state_of_that_step_starts_afresh_and_names_the_folders_tried(tmp_path, caplog):
+    first = EgeriaCallback(static(2))
+    trainer, _ = trainer_for(tmp_path / "first", first, max_steps=4, save_steps=2)
+    trainer.train()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "first" / "checkpoint-2", elsewhere)
+    shutil.copy(tmp_path / "first" / "checkpoint-4" / STATE_FILE, elsewhere / STATE_FILE)  # Egeria's state of step 4
+    resumed = EgeriaCallback(static(2), resume_from=elsewhere)
+    trainer, recorder = trainer_for(tmp_path / "second", resumed, max_steps=4, save_steps=2)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        trainer.train(resume_from_checkpoint=str(elsewhere))
+    assert recorder.begin == (0, [])  # afresh: a state of another step would not fit the weights
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "resuming at step 2" in message and "step 4" in message and "checkpoint-2 (no egeria.json)" in message
 
 
 def test_bad_arguments_are_clear_errors():

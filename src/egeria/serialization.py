@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["encode_tensor", "decode_tensor", "write_state", "read_state", "STATE_FILE"]
+__all__ = ["encode_tensor", "decode_tensor", "write_state", "read_state", "saved_steps", "STATE_FILE"]
 
 #: The file that commits a checkpoint folder written by :func:`write_state`.
 STATE_FILE = "egeria.json"
@@ -103,6 +103,15 @@ def write_state(state: dict, directory: str | os.PathLike[str]) -> None:
     for old in folder.glob("egeria-*.pt"):
         if old.name != name:
             old.unlink(missing_ok=True)
+
+
+def saved_steps(directory: str | os.PathLike[str]) -> int | None:
+    """The optimizer steps of the Egeria state in ``directory`` (read from its JSON alone);
+    None where there is no readable one."""
+    try:
+        return int(json.loads((Path(directory) / STATE_FILE).read_text())["state"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_state(directory: str | os.PathLike[str]) -> dict:

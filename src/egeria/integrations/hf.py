@@ -26,9 +26,12 @@ Where the Trainer's events fire and what the callback does there::
 
 Steps are counted from the optimizer, so they match ``state.global_step`` (less the steps
 a ``GradScaler`` skipped under fp16). The loss Egeria reads is the mean ``loss`` of the
-model's outputs over each step's micro-batches. A resumed run finds Egeria's state in
-``args.output_dir/checkpoint-{global_step}``, the folder the Trainer saved it to (a
-checkpoint without one starts Egeria afresh, with a warning). Not supported: several
+model's outputs over each step's micro-batches. A callback does not see the folder
+``train(resume_from_checkpoint=...)`` names, so a resumed run looks for Egeria's state, in
+this order, in ``EgeriaCallback(resume_from=...)``, ``args.resume_from_checkpoint``,
+``args.output_dir/checkpoint-{global_step}`` (where the Trainer saved it), and takes the
+first whose saved step is the resumed ``global_step``; with none, Egeria starts afresh with
+a warning that names the folders it tried. Not supported: several
 processes (DDP, FSDP, DeepSpeed) and ``DataParallel``, whose model wrapper a callback
 cannot see; use :class:`egeria.Egeria` in a torchrun loop there.
 """
@@ -42,6 +45,7 @@ from typing import Any
 from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..serialization import STATE_FILE as _EGERIA_FILE
+from ..serialization import saved_steps
 
 try:
     from transformers import TrainerCallback
@@ -65,6 +69,8 @@ class EgeriaCallback(TrainerCallback):
 
     Args:
         config: Egeria's hyperparameters (:class:`~egeria.EgeriaConfig` defaults when None).
+        resume_from: the checkpoint folder a resumed ``train()`` restores from, when it is
+            neither ``args.resume_from_checkpoint`` nor under ``args.output_dir``.
         **egeria_kwargs: further :class:`~egeria.Egeria` arguments: ``unfreeze_rule``,
             ``policy`` or ``on_change``. The model, optimizer, scheduler and the number of
             steps come from the Trainer.
@@ -78,7 +84,8 @@ class EgeriaCallback(TrainerCallback):
             Trainer supplies.
     """
 
-    def __init__(self, config: EgeriaConfig | None = None, **egeria_kwargs: Any) -> None:
+    def __init__(self, config: EgeriaConfig | None = None, *, resume_from: str | os.PathLike[str] | None = None,
+                 **egeria_kwargs: Any) -> None:
         if config is not None and not isinstance(config, EgeriaConfig):
             raise ValueError(f"EgeriaCallback(config=...) must be an EgeriaConfig, got {type(config).__name__}")
         supplied = sorted(k for k in egeria_kwargs if k in _FROM_TRAINER)
@@ -88,6 +95,7 @@ class EgeriaCallback(TrainerCallback):
         if unknown:
             raise ValueError(f"EgeriaCallback got unknown arguments {unknown}; it accepts config and {list(_ALLOWED)}")
         self.config = config
+        self.resume_from = resume_from
         self.egeria_kwargs = egeria_kwargs
         self.egeria: Egeria | None = None
 
@@ -134,17 +142,20 @@ class EgeriaCallback(TrainerCallback):
             self.egeria.close()
 
     def _resume(self, args: Any, state: Any) -> None:
-        folder = _checkpoint_dir(args, state)
-        path = os.path.join(folder, STATE_FILE)
-        if not os.path.isfile(path):
-            logger.warning(
-                "resuming at step %d without %s: Egeria starts afresh and counts steps from 0",
-                state.global_step,
-                path,
-            )
-            return
-        self.egeria.load(folder)
-        logger.info("Egeria resumed at step %d with %s frozen", self.egeria.steps, self.egeria.frozen)
+        candidates = [self.resume_from, getattr(args, "resume_from_checkpoint", None), _checkpoint_dir(args, state)]
+        tried = []
+        for folder in dict.fromkeys(os.fspath(c) for c in candidates if isinstance(c, (str, os.PathLike))):
+            saved = saved_steps(folder)
+            tried.append(f"{folder} ({'no ' + STATE_FILE if saved is None else f'step {saved}'})")
+            if saved == state.global_step:
+                self.egeria.load(folder)
+                logger.info("Egeria resumed at step %d with %s frozen from %s", self.egeria.steps, self.egeria.frozen, folder)
+                return
+        logger.warning(
+            "resuming at step %d, but no Egeria state of that step in %s: Egeria starts afresh and counts steps "
+            "from 0; pass EgeriaCallback(resume_from=<the checkpoint folder>)",
+            state.global_step, "; ".join(tried),
+        )
 
 
 def _checkpoint_dir(args: Any, state: Any) -> str:
