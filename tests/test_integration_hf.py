@@ -16,35 +16,9 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (p
 pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install egeria[hf])")
 
 from egeria.integrations.hf import STATE_FILE, EgeriaCallback  # noqa: E402
+from hf_workers import Tokens, gpt2  # noqa: E402
 
-VOCAB = 48
 ACCUMULATION = 2
-
-
-class Tokens(torch.utils.data.Dataset):
-    """32 fixed random sequences for causal LM training (labels are the inputs); with
-    ``distinct``, only that many different sequences, repeated (an easy task that
-    converges, and so freezes, well within a short run)."""
-
-    def __init__(self, distinct: int = 32, count: int = 32, length: int = 12) -> None:
-        g = torch.Generator().manual_seed(7)
-        self.ids = torch.randint(0, VOCAB, (distinct, length), generator=g).repeat(count // distinct, 1)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def gpt2() -> torch.nn.Module:
-    config = transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=4, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(config)
-
 
 class Recorder(transformers.TrainerCallback):
     """Egeria's view at every optimizer step, read after the EgeriaCallback ran."""
@@ -203,12 +177,53 @@ def test_bad_arguments_are_clear_errors():
         EgeriaCallback(windw=3)
 
 
-def test_several_processes_are_refused_up_front():
+@pytest.mark.slow
+def test_ddp_two_ranks_stay_bit_identical_through_a_freeze_and_an_unfreeze(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    import hf_workers
+
+    with socket.socket() as s:  # a free port for the ranks' rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(hf_workers.train_two_ranks, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+
+    assert zero["wrapped"] == "DistributedDataParallel"
+    # One decision source: the same moves at the same steps on both ranks.
+    moves = [(e["step"], e["action"], e["modules"]) for e in zero["events"] if e["action"] != "guided"]
+    assert moves == [(e["step"], e["action"], e["modules"]) for e in one["events"] if e["action"] != "guided"]
+    assert [a for _, a, _ in moves][:2] == ["freeze", "unfreeze"], moves
+    freeze, unfreeze = moves[0][0], moves[1][0]
+    for rank in (zero, one):
+        steps = rank["steps"]
+        assert [r["step"] for r in steps] == list(range(1, 41))
+        # Frozen from step `freeze` to the unfreeze: the first module did not move.
+        first = [r["first_module"] for r in steps]
+        assert all(torch.equal(first[freeze - 1], w) for w in first[freeze:unfreeze])
+        assert not torch.equal(first[freeze - 2], first[freeze - 1]) and not torch.equal(first[unfreeze - 1], first[unfreeze])
+        # Each step all-reduced the bytes of the parameters trainable during it: all, fewer
+        # while frozen, all again after the unfreeze.
+        full = steps[0]["trainable"]
+        assert [r["sent"] for r in steps] == [full] + [r["trainable"] for r in steps[:-1]]
+        assert steps[freeze - 1]["trainable"] < full and steps[unfreeze - 1]["trainable"] == full
+    assert torch.equal(zero["weights"], one["weights"])
+
+
+def test_parallel_modes_egeria_cannot_freeze_through_are_refused_up_front():
     from types import SimpleNamespace
 
-    args = SimpleNamespace(world_size=2, n_gpu=1)
-    with pytest.raises(NotImplementedError, match="world_size=2"):
-        EgeriaCallback().on_train_begin(args, SimpleNamespace(max_steps=4, global_step=0), None, model=gpt2())
+    state = SimpleNamespace(max_steps=4, global_step=0)
+    with pytest.raises(NotImplementedError, match="DataParallel \\(n_gpu=2"):
+        EgeriaCallback().on_train_begin(SimpleNamespace(world_size=1, n_gpu=2), state, None, model=gpt2())
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", deepspeed=None)
+    with pytest.raises(NotImplementedError, match="does not support fsdp \\(TrainingArguments.fsdp='full_shard'"):
+        EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp=None, deepspeed=None)  # no DDP around the model
+    with pytest.raises(NotImplementedError, match="found 0"):
+        EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
 
 
 def test_the_integrations_package_imports_without_transformers(monkeypatch):

@@ -31,16 +31,27 @@ model's outputs over each step's micro-batches. A callback does not see the fold
 this order, in ``EgeriaCallback(resume_from=...)``, ``args.resume_from_checkpoint``,
 ``args.output_dir/checkpoint-{global_step}`` (where the Trainer saved it), and takes the
 first whose saved step is the resumed ``global_step``; with none, Egeria starts afresh with
-a warning that names the folders it tried. Not supported: several
-processes (DDP, FSDP, DeepSpeed) and ``DataParallel``, whose model wrapper a callback
-cannot see; use :class:`egeria.Egeria` in a torchrun loop there.
+a warning that names the folders it tried.
+
+Under ``torchrun`` (DDP) the Trainer hands callbacks the bare model, so the callback looks
+up the Trainer's ``DistributedDataParallel`` around it (the one whose ``.module`` is that
+model) and gives Egeria both: rank 0 decides, every rank applies its moves at the same step,
+and the wrapper is rebuilt in place at each freeze and unfreeze so frozen parameters leave
+the all-reduce (see :mod:`egeria.distributed`). Rank 0 writes Egeria's state into the
+checkpoint; every rank reads it on resume, so the checkpoint folder must be visible to all
+ranks. Not supported: FSDP and DeepSpeed (they shard or replace parameters) and
+``DataParallel`` (several GPUs in one process); use a single process or DDP.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..config import EgeriaConfig
 from ..engine import Egeria
@@ -102,17 +113,15 @@ class EgeriaCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Builds Egeria over the Trainer's model and optimizer; on resume, loads its state
         (the Trainer has restored the model, optimizer and scheduler by now)."""
-        if getattr(args, "world_size", 1) > 1 or getattr(args, "n_gpu", 1) > 1:
-            raise NotImplementedError(
-                f"EgeriaCallback runs in one process on one device (world_size={args.world_size}, "
-                f"n_gpu={args.n_gpu}): the Trainer's DDP or DataParallel wrapper is not visible to a callback; "
-                "use egeria.Egeria in your own torchrun loop"
-            )
+        _check_parallelism(args)
         if self.egeria is not None:  # an earlier train() call
             self.egeria.close()
+        model = kwargs["model"]
+        trained = _trainer_ddp(model) if getattr(args, "world_size", 1) > 1 else model
         self.egeria = Egeria(
-            kwargs["model"],
+            trained,
             kwargs["optimizer"],  # Egeria finds the torch optimizer inside accelerate's wrapper
+            module=model if trained is not model else None,
             config=self.config,
             lr_scheduler=kwargs.get("lr_scheduler"),
             total_steps=state.max_steps,
@@ -156,6 +165,37 @@ class EgeriaCallback(TrainerCallback):
             "from 0; pass EgeriaCallback(resume_from=<the checkpoint folder>)",
             state.global_step, "; ".join(tried),
         )
+
+
+def _check_parallelism(args: Any) -> None:
+    """Refuses the Trainer's parallel modes Egeria cannot freeze through."""
+    if getattr(args, "n_gpu", 1) > 1:
+        raise NotImplementedError(
+            f"EgeriaCallback does not support DataParallel (n_gpu={args.n_gpu} in one process): launch one "
+            "process per GPU with torchrun (DDP), or use a single GPU"
+        )
+    sharded = [name for name in ("fsdp", "deepspeed") if getattr(args, name, None)]
+    if sharded:
+        raise NotImplementedError(
+            f"EgeriaCallback does not support {sharded[0]} (TrainingArguments.{sharded[0]}={getattr(args, sharded[0])!r}): "
+            "it shards or replaces the parameters Egeria freezes; use DDP (torchrun without FSDP/DeepSpeed)"
+        )
+
+
+def _trainer_ddp(model: nn.Module) -> nn.Module:
+    """The Trainer's ``DistributedDataParallel`` around ``model``. A callback is handed only
+    the bare model, so the wrapper is found among live objects, once per ``train()``.
+
+    Raises:
+        NotImplementedError: no DDP, or several, wrap the model.
+    """
+    found = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel) and o.module is model]
+    if len(found) != 1:
+        raise NotImplementedError(
+            f"EgeriaCallback under several processes needs the Trainer's DistributedDataParallel around the model; "
+            f"found {len(found)}: train with torchrun's DDP (no FSDP, DeepSpeed or other wrapper)"
+        )
+    return found[0]
 
 
 def _checkpoint_dir(args: Any, state: Any) -> str:
