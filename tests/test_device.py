@@ -94,3 +94,48 @@ def test_a_captured_activation_reduced_to_its_gram_where_it_lives_reads_the_same
     monkeypatch.setattr(egeria.device, "gram_where_it_lives", lambda activation: True)
     reduced = run()
     assert whole and reduced == pytest.approx(whole, rel=1e-4, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_a_reference_on_the_models_device_reads_as_on_the_host_without_a_host_copy(monkeypatch, mode):
+    """``reference_device="model"``: batch and activations stay where they live
+    (:class:`LocalCopy`), the controller's front and reference sit on the model's device.
+    With the model on the CPU that device is the CPU, so the run must decide exactly as
+    with host copies, and make none."""
+
+    def run(reference_device):
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+        config = quick_config(window=3, reference_precision="fp32", activation_mode=mode, reference_device=reference_device)
+        eg = egeria.Egeria(model, opt, config=config)
+        decisions = train(model, opt, eg, batches(1) * 60)
+        history = [(r["step"], r["module"], r["plasticity"]) for r in eg.history]
+        eg.close()
+        return decisions, history
+
+    host = run("cpu")
+    monkeypatch.setattr(egeria.device.HostCopy, "__init__", lambda self, tree: pytest.fail("a host copy was made"))
+    local = run("model")
+    assert host[0] and host[1] and local == host
+
+
+def test_reference_device_choices_and_refusals():
+    from egeria.placement import reference_home, resolve_executor, resolve_precision
+    from egeria.reference import ReferenceModel
+    from egeria.weights import cpu_snapshot
+
+    model = Chain()
+    assert resolve_executor("auto", model, "model") == "inline"
+    assert resolve_precision("auto", torch.device("cuda")) == "bf16"
+    assert reference_home("model", model) == torch.device("cpu") and reference_home("cpu", model).type == "cpu"
+    on_meta = cpu_snapshot(model, "meta")  # the snapshot goes where it is asked, weights and all
+    assert {p.device.type for p in on_meta.parameters()} == {"meta"} and not any(p.requires_grad for p in on_meta.parameters())
+    with pytest.raises(ValueError, match="int8 reference runs on the CPU only, not on meta"):
+        ReferenceModel(on_meta, None, "int8")  # refused before the partition is read
+    with pytest.raises(ValueError, match="reference_device='gpu' is not one of 'cpu', 'model'"):
+        egeria.EgeriaConfig(reference_device="gpu")
+    with pytest.raises(ValueError, match="reference_device='model', executor='process'"):
+        egeria.EgeriaConfig(reference_device="model", executor="process")
+    with pytest.raises(ValueError, match="reference_device='model', reference_precision='int8'"):
+        egeria.EgeriaConfig(reference_device="model", reference_precision="int8")

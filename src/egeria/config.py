@@ -16,6 +16,7 @@ __all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS
 RULES = ("paper", "egeria")
 #: Precisions the reference model can run in.
 PRECISIONS = ("auto", "int8", "bf16", "fp32")
+REFERENCE_DEVICES = ("cpu", "model")
 #: Where the training side's activation for a reading comes from.
 ACTIVATION_MODES = ("eval", "train")
 #: Where the controller (reference model and freezing rule) runs.
@@ -55,6 +56,13 @@ class EgeriaConfig:
     # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
     # or "auto": bf16 on CPUs with native bf16 (its refresh is a cast), else int8.
     reference_precision: str = "auto"
+    # Where the controller's reference and fp32 front live. "cpu" (default): host copies,
+    # so the controller can run beside the trainer on idle host cores (the paper's design).
+    # "model": on the model's own device, in the training process (executor "inline";
+    # "auto" picks it), so a reading crosses no device-host copy and runs at the
+    # accelerator's speed, taking a little of its time between steps; precision "auto"
+    # is then bf16 (int8 kernels are CPU-only).
+    reference_device: str = "cpu"
     # Unfreeze every module when the learning rate has dropped by this factor or more
     # since the frontmost module froze (a 10x step decay by default).
     unfreeze_lr_drop: float = 10.0
@@ -191,6 +199,21 @@ class EgeriaConfig:
             raise ValueError(
                 f"EgeriaConfig.reference_precision={self.reference_precision!r} is not one of "
                 f"{', '.join(map(repr, PRECISIONS))}"
+            )
+        if self.reference_device not in REFERENCE_DEVICES:
+            raise ValueError(
+                f"EgeriaConfig.reference_device={self.reference_device!r} is not one of "
+                f"{', '.join(map(repr, REFERENCE_DEVICES))}"
+            )
+        if self.reference_device == "model" and self.executor not in ("auto", "inline"):
+            raise ValueError(
+                f"EgeriaConfig(reference_device='model', executor={self.executor!r}): a reference on the model's "
+                "device runs inline, in the training process; use executor='inline' (or 'auto')"
+            )
+        if self.reference_device == "model" and self.reference_precision == "int8":
+            raise ValueError(
+                "EgeriaConfig(reference_device='model', reference_precision='int8'): int8 kernels run on the CPU "
+                "only; use 'bf16', 'fp32' or 'auto' (bf16) on the model's device"
             )
         if self.activation_mode not in ACTIVATION_MODES:
             raise ValueError(

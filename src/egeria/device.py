@@ -16,6 +16,9 @@ CPU tensors, where every copy is a plain clone, ready at once. Beside a CUDA dev
 - :class:`Stopwatch` times work on the device with events, read once they completed.
 - :func:`gram_where_it_lives`: a captured activation on an accelerator crosses as its
   ``batch x batch`` Gram matrix (:class:`egeria.similarity.Gram`), not whole.
+- :class:`LocalCopy` is the same hand-over for a controller on the model's own device
+  (``reference_device="model"``): a clone where the tensors live, ready at once;
+  :func:`handoff` picks one of the two.
 - :func:`safe_start_method`: a process forked after CUDA was initialised cannot use it
   (and may hang), so the controller then starts with ``spawn``.
 """
@@ -32,6 +35,8 @@ from .nested import leaves, map_tensors
 
 __all__ = [
     "HostCopy",
+    "LocalCopy",
+    "handoff",
     "pack_to_host",
     "to_device",
     "wait_for",
@@ -105,6 +110,26 @@ class HostCopy:
             self._event.synchronize()
             self._event = None
         return self._tree
+
+
+class LocalCopy:
+    """A copy of a tree of tensors that stays on their device (a controller on the model's
+    device reads it there): a clone, so later in-place ops of the forward do not reach it."""
+
+    def __init__(self, tree: Any) -> None:
+        self._tree = map_tensors(tree, lambda t: t.detach().clone())
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> Any:
+        return self._tree
+
+
+def handoff(tree: Any, to_host: bool) -> HostCopy | LocalCopy:
+    """The copy of ``tree`` the controller reads: on the host (:class:`HostCopy`) or where
+    the tensors live (:class:`LocalCopy`, for a reference on the model's device)."""
+    return HostCopy(tree) if to_host else LocalCopy(tree)
 
 
 def gram_where_it_lives(activation: torch.Tensor) -> bool:

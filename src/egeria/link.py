@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .device import HostCopy, as_float32
+from .device import HostCopy, LocalCopy, as_float32
 from .executors import ControllerStartError, Executor, ThreadExecutor
 from .protocol import Readout, Request, Result, result_from_json, result_to_json
 from .service import ControllerSpec
@@ -35,10 +35,10 @@ class _Evaluation:
 
     step: int
     module: int
-    batch: HostCopy  # the call arguments, on their way to the host
+    batch: HostCopy | LocalCopy  # the call arguments, on their way to the controller
     sent: bool = False  # its request went to the controller
     open: bool = True  # its forward pass is running (activations may be captured)
-    activations: dict[int, HostCopy] = field(default_factory=dict)
+    activations: dict[int, HostCopy | LocalCopy] = field(default_factory=dict)
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -107,7 +107,7 @@ class ControllerLink:
         """Capture the forward pass of ``step`` (None: none)."""
         self.armed_for = step if self.usable else None
 
-    def begin(self, step: int, module: int, batch: Callable[[], HostCopy], send: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+    def begin(self, step: int, module: int, batch: Callable[[], HostCopy | LocalCopy], send: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
         already (on the CPU; a device's copy is sent at the step boundary instead)."""
@@ -129,7 +129,7 @@ class ControllerLink:
             and module not in e.activations
         )
 
-    def capture(self, module: int, activation: HostCopy) -> None:
+    def capture(self, module: int, activation: HostCopy | LocalCopy) -> None:
         assert self.evaluation is not None
         self.evaluation.activations[module] = activation
 

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-__all__ = ["model_device", "resolve_executor", "resolve_precision", "controller_threads", "pin_to"]
+__all__ = ["model_device", "resolve_executor", "reference_home", "resolve_precision", "controller_threads", "pin_to"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +33,27 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_executor(kind: str, model: nn.Module) -> str:
-    """``kind`` itself, or for ``"auto"``: ``"inline"`` for a model on the CPU, else ``"process"``."""
+def resolve_executor(kind: str, model: nn.Module, reference_device: str = "cpu") -> str:
+    """``kind`` itself, or for ``"auto"``: ``"inline"`` for a model on the CPU or a
+    reference on the model's device, else ``"process"``."""
     if kind != "auto":
         return kind
-    return "inline" if model_device(model).type == "cpu" else "process"
+    return "inline" if model_device(model).type == "cpu" or reference_device == "model" else "process"
 
 
-def resolve_precision(precision: str) -> str:
-    """``precision`` itself, or for ``"auto"``: ``"bf16"`` on a CPU with native bf16
-    arithmetic (refreshing it is a cast, about 1 ms, where an int8 refresh re-quantizes for
-    50 to 75 ms), else ``"int8"``."""
+def reference_home(reference_device: str, model: nn.Module) -> torch.device:
+    """The device the controller's reference and front live on."""
+    return model_device(model) if reference_device == "model" else torch.device("cpu")
+
+
+def resolve_precision(precision: str, home: torch.device | None = None) -> str:
+    """``precision`` itself, or for ``"auto"``: ``"bf16"`` on an accelerator (``home``,
+    where the reference lives) and on a CPU with native bf16 arithmetic (refreshing it is
+    a cast, about 1 ms, where an int8 refresh re-quantizes for 50 to 75 ms), else ``"int8"``."""
     if precision != "auto":
         return precision
+    if home is not None and home.type != "cpu":
+        return "bf16"
     try:
         native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without oneDNN

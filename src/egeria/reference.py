@@ -1,6 +1,7 @@
 """The reference model: a cheap low-precision snapshot of the training model (paper 4.1.3, 5).
 
-The reference is a CPU copy of the training model whose blocks, up to the module being
+The reference is a copy of the training model (on the CPU, or with
+``reference_device="model"`` on the model's device) whose blocks, up to the module being
 watched, are swapped for low-precision versions while it runs. It runs only as far as
 the watched module's output and is stopped there.
 
@@ -25,6 +26,7 @@ from torch import nn
 
 from .nested import map_tensors
 from .partition import Partition
+from .placement import model_device
 from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
 from .threads import limited_threads
@@ -40,15 +42,16 @@ Batch = tuple[tuple, dict]
 
 
 class ReferenceModel:
-    """A CPU snapshot of the training model in ``precision``, refreshed block by block.
+    """A snapshot of the training model in ``precision``, refreshed block by block, on the
+    device of ``template``.
 
     Weights come in as mappings from ``state_dict`` keys to tensors (the training model's
     own ``state_dict()`` inline, a copy sent by the worker otherwise); only the entries of
     the modules being refreshed, and those outside every block, are read.
 
     Args:
-        template: a model of the same structure (the training model or a CPU snapshot of
-            it); it is copied, never modified.
+        template: a model of the same structure (the controller's snapshot of the training
+            model, on the device the reference is to live on); it is copied, never modified.
         partition: its layer modules.
         precision: ``"int8"``, ``"bf16"`` or ``"fp32"``.
         threads: torch threads for the reference's work (None: leave torch's setting).
@@ -66,10 +69,12 @@ class ReferenceModel:
         if reason:
             logger.warning("int8 reference unavailable (%s); using fp32", reason)
             precision = "fp32"
+        if precision == "int8" and model_device(template).type != "cpu":
+            raise ValueError(f"an int8 reference runs on the CPU only, not on {model_device(template)}")
         self.precision = precision
         self.threads = threads
         self._partition = partition
-        self._float = cpu_snapshot(template)
+        self._float = cpu_snapshot(template, model_device(template))
         self._keys = ModuleKeys(self._float, partition)
         self._built: dict[str, nn.Module] = {}
         self._observers: dict[str, dict[str, list[float]]] = {}
@@ -250,7 +255,7 @@ class ReferenceModel:
         changed = {
             k: encode_tensor(own[k])
             for k in self._keys.of(range(self.upto + 1))
-            if k not in live or not torch.equal(own[k], live[k].detach().cpu())
+            if k not in live or not torch.equal(own[k], live[k].detach().to(own[k].device))
         }
         return {
             "precision": self.precision,

@@ -28,19 +28,21 @@ _HOOK_DICTS = (
 )
 
 
-def cpu_snapshot(model: nn.Module) -> nn.Module:
-    """An fp32 eval-mode CPU copy of ``model`` without Egeria's own forward hooks."""
+def cpu_snapshot(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
+    """An fp32 eval-mode copy of ``model`` on ``device`` (the CPU by default) without
+    Egeria's own forward hooks."""
     memo: dict[int, Any] = {}
     for module in model.modules():
         for attr in _HOOK_DICTS:
             hooks = getattr(module, attr, None)
             if hooks:
                 memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if not is_marked(k))
-    # Tensors go straight to the CPU: no second copy of the model on the training device.
+    # Tensors go straight to ``device``: no second copy of the model on the training
+    # device unless it is asked for.
     for p in model.parameters():
-        memo[id(p)] = nn.Parameter(_cpu_float(p), requires_grad=False)
+        memo[id(p)] = nn.Parameter(_float_on(p, device), requires_grad=False)
     for b in model.buffers():
-        memo[id(b)] = _cpu_float(b)
+        memo[id(b)] = _float_on(b, device)
     snapshot = copy.deepcopy(model, memo).eval()
     for p in snapshot.parameters():
         p.requires_grad_(False)
@@ -48,8 +50,8 @@ def cpu_snapshot(model: nn.Module) -> nn.Module:
     return snapshot
 
 
-def _cpu_float(tensor: torch.Tensor) -> torch.Tensor:
-    copied = tensor.detach().to("cpu", copy=True)
+def _float_on(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    copied = tensor.detach().to(device, copy=True)
     return copied.float() if copied.is_floating_point() else copied
 
 

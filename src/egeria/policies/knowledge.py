@@ -30,12 +30,12 @@ from ..bootstrap import BootstrapMonitor
 from ..budget import CostBudget
 from ..config import EgeriaConfig
 from ..decision import Decision
-from ..device import HostCopy
+from ..device import HostCopy, LocalCopy, handoff
 from ..executors import Executor, make_executor
 from ..hooks import mark
 from ..link import ControllerLink
 from ..nested import first_tensor, leaves, map_tensors
-from ..placement import controller_threads, resolve_executor, resolve_precision
+from ..placement import controller_threads, reference_home, resolve_executor, resolve_precision
 from ..service import ControllerSpec
 from ..similarity import gram_of
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
@@ -252,7 +252,7 @@ class KnowledgeGuided:
             link.begin(
                 binding.step() + 1,
                 binding.frozen(),
-                lambda: _probe_copy((args, kwargs), self.config.probe_size),
+                lambda: _probe_copy((args, kwargs), self.config.probe_size, self._to_host),
                 self.stage == "guided",
                 self._model.state_dict,
             )
@@ -267,9 +267,9 @@ class KnowledgeGuided:
                 tensor = first_tensor(output)
                 if tensor is not None:
                     if device.gram_where_it_lives(tensor):
-                        self.link.capture(index, HostCopy({"gram": gram_of(tensor).matrix}))
+                        self.link.capture(index, handoff({"gram": gram_of(tensor).matrix}, self._to_host))
                     else:
-                        self.link.capture(index, HostCopy(tensor))
+                        self.link.capture(index, handoff(tensor, self._to_host))
 
         return hook
 
@@ -284,17 +284,30 @@ class KnowledgeGuided:
     def executor_kind(self) -> str:
         """Where the controller runs: the config's executor, ``"auto"`` resolved."""
         assert self._binding is not None
-        return resolve_executor(self.config.executor, self._binding.model)
+        return resolve_executor(self.config.executor, self._binding.model, self.config.reference_device)
+
+    @property
+    def _home(self) -> torch.device:
+        """Where the controller's reference and front live (``reference_device``)."""
+        assert self._binding is not None
+        return reference_home(self.config.reference_device, self._binding.model)
+
+    @property
+    def _to_host(self) -> bool:
+        """Whether the batch and activations are copied for a controller on the host, or
+        stay where they live for one on the model's device."""
+        return self.config.reference_device == "cpu"
 
     def _spec(self) -> ControllerSpec:
-        """What the controller is built from: a CPU snapshot of the model as it is now."""
+        """What the controller is built from: a snapshot of the model as it is now, on the
+        CPU or, with ``reference_device="model"``, on the model's device."""
         assert self._binding is not None
         cfg = self.config
         cpus = tuple(cfg.controller_cpus) if cfg.controller_cpus is not None else None
         return ControllerSpec(
             self._binding.partition,
-            cpu_snapshot(self._binding.model),
-            resolve_precision(cfg.reference_precision),
+            cpu_snapshot(self._binding.model, self._home),
+            resolve_precision(cfg.reference_precision, self._home),
             self.window,
             cfg.tolerance_ratio,
             cfg.reference_refresh,
@@ -355,11 +368,12 @@ class KnowledgeGuided:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
 
 
-def _probe_copy(batch: tuple, size: int | None) -> HostCopy:
-    """A host copy of the call arguments (the loop may reuse its input buffers), cut to the
-    first ``size`` samples: tensors whose first dimension is the batch's are sliced."""
+def _probe_copy(batch: tuple, size: int | None, to_host: bool) -> HostCopy | LocalCopy:
+    """A copy of the call arguments for the controller (the loop may reuse its input
+    buffers), on the host or where they live, cut to the first ``size`` samples: tensors
+    whose first dimension is the batch's are sliced."""
     tensors = leaves(batch)
     rows = tensors[0].shape[0] if tensors and tensors[0].dim() > 0 else None
     if size is None or rows is None or rows <= size:
-        return HostCopy(batch)
-    return HostCopy(map_tensors(batch, lambda t: t[:size] if t.dim() > 0 and t.shape[0] == rows else t))
+        return handoff(batch, to_host)
+    return handoff(map_tensors(batch, lambda t: t[:size] if t.dim() > 0 and t.shape[0] == rows else t), to_host)
