@@ -43,3 +43,11 @@ def test_ddp_freeze_resume_unfreeze_keeps_replicas_identical_and_skips_frozen_al
         assert [(d["action"]) for d in rank["unfreeze"]] == ["unfreeze"]
         assert rank["bytes"]["unfrozen"] == (full, full, full)
     assert torch.equal(zero["weights"], one["weights"])  # replicas bit-identical at the end
+
+
+def test_a_builtin_communication_hook_is_registered_again_after_a_rebuild(tmp_path):
+    zero, one = _spawn(ddp_workers.builtin_hook_survives_a_rebuild, tmp_path)
+    for rank in (zero, one):
+        assert rank["frozen"]  # the static policy froze at step 2: DDP was rebuilt
+        assert rank["fp16_grads"] == [True] * 5  # every step's gradients crossed in fp16
+    assert torch.equal(zero["weights"], one["weights"])

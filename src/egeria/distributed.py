@@ -118,13 +118,25 @@ def _reset_bucket_state(state: Any) -> None:
         )
 
 
+def _builtin_comm_hook(ddp: nn.Module) -> Any | None:
+    """The built-in (C++) communication hook registered on ``ddp``
+    (``_register_builtin_comm_hook``), or None. DDP keeps no Python record of one, only
+    its name in its logging data."""
+    if getattr(ddp, "_comm_hooks", None) or getattr(ddp, "logger", None) is None:
+        return None
+    name = ddp.logger._get_ddp_logging_data().strs_map.get("comm_hook", "")
+    prefix = "BuiltinCommHookType."
+    return getattr(dist.BuiltinCommHookType, name[len(prefix):], None) if name.startswith(prefix) else None
+
+
 def rebuild_ddp(ddp: nn.Module) -> None:
     """Builds ``ddp`` again, in place, over the parameters that need gradients now.
 
-    Keeps its options, its communication hooks, its own module hooks and its mode; the
-    replicas are not re-broadcast (they agree already).
+    Keeps its options, its communication hooks (Python and built-in), its own module hooks
+    and its mode; the replicas are not re-broadcast (they agree already).
     """
     check_ddp(ddp)
+    builtin = _builtin_comm_hook(ddp)
     hooks = list(getattr(ddp, "_comm_hooks", []))
     for _, state in hooks:
         _reset_bucket_state(state)
@@ -158,5 +170,7 @@ def rebuild_ddp(ddp: nn.Module) -> None:
     ddp.training = training  # the wrapper's flag only: the modules inside keep theirs
     for hook, state in hooks:
         ddp.register_comm_hook(state, hook)
+    if builtin is not None:
+        ddp._register_builtin_comm_hook(builtin)
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     logger.info("Egeria: DistributedDataParallel rebuilt over %d trainable parameters", trainable)
