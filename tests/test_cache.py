@@ -299,3 +299,28 @@ def test_bad_cache_options_name_the_value():
     with pytest.raises(ValueError, match="batch_size"):
         eg.cache_loader(torch.utils.data.DataLoader(images(), batch_size=None))
     eg.close()
+
+
+def test_a_write_still_pending_when_its_level_is_turned_off_is_dropped_not_recreated():
+    """The boundary output of a recording forward is written at the next forward's start.
+    A level turned off in between (computing measured cheaper, decided here from forced
+    timings) must stay closed: the pending write is dropped, no table is made again, and
+    training goes on exactly as without the cache."""
+    turned_off = []
+
+    def on_step(eg, step):
+        cache = eg._cache
+        if turned_off or cache._unwritten is None:
+            return
+        level = cache._unwritten[0]
+        level.compute_s, level.serve_s = [0.001] * 3, [1.0] * 3  # serving measured slower
+        cache._decide(level)
+        assert level.off is not None and level.tables is None
+        cache._flush()  # the pending write: dropped
+        turned_off.append(level)
+
+    plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=3)
+    cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=3, cache={"serve": "auto", "prefetch": 0}, on_step=on_step)
+    assert_same(plain, cached)
+    (level,) = turned_off
+    assert level.tables is None and stats["levels"][level.boundary]["tier"] is None and stats["served"] == 0
