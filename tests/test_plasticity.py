@@ -87,3 +87,37 @@ def test_state_round_trip_continues_identically():
     feed(a, values[:5])
     b = ModuleWatch.from_state(a.state_dict())
     assert feed(a, values[5:]) == feed(b, values[5:])
+
+
+def _around_a_drop(watch: ModuleWatch, regimes: bool) -> list:
+    """Plasticity at a high level, wobbling at LR 0.1 (never stale: the first slopes are
+    flat, so the tolerance is 0), then 100x lower and flat after a 10x LR drop (the shape of
+    the full-length runs' readings)."""
+    high = [0.3] * 4 + [0.3 + 0.02 * (-1) ** i for i in range(20)]
+    readings = []
+    for lr, values in ((0.1, high), (0.01, [0.003] * 30)):
+        for v in values:
+            if regimes:
+                watch.new_regime(lr)
+            readings.append(watch.update(v))
+    return readings[len(high):]  # the readings after the drop
+
+
+def test_a_learning_rate_drop_restarts_the_average_so_the_new_level_is_read_at_once():
+    window = 5
+    restarted = _around_a_drop(ModuleWatch(window=window, tolerance_ratio=0.2), regimes=True)
+    straddled = _around_a_drop(ModuleWatch(window=window, tolerance_ratio=0.2), regimes=False)
+    # Restarted: the first reading after the drop is the whole average, the slope exists
+    # from the second, and W stale readings freeze it.
+    assert restarted[0].smoothed == 0.003 and restarted[0].slope is None and restarted[0].stale == 0
+    assert first_freeze(restarted) == window
+    # Straddled: the average still holds LR-0.1 readings, whose fall reads as a steep slope.
+    assert straddled[0].smoothed > 0.1 and first_freeze(straddled) >= first_freeze(restarted) + window - 1
+
+
+def test_new_regime_fires_at_a_2x_change_either_way_and_is_kept_in_the_state():
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2)
+    assert [watch.new_regime(lr) for lr in (0.1, 0.1, 0.06, 0.01, 0.05, 0.05)] == [False, False, False, True, True, False]
+    feed(watch, [1.0, 1.0])
+    restored = ModuleWatch.from_state(watch.state_dict())
+    assert restored.lr == 0.05 and restored.raw == watch.raw and not restored.new_regime(0.04)

@@ -142,3 +142,25 @@ def test_settle_ratio_holds_a_flat_module_whose_level_is_still_at_its_peak(ratio
     assert results[1].readings[0]["plasticity"] > 0
     assert any(r.decision is not None for r in results) is freezes
     assert all(row["peak"] == row["smoothed"] for r in results for row in r.readings)
+
+
+@pytest.mark.parametrize("rule", ["egeria", "paper"])
+def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_average(rule):
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    drop_at = 40
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[drop_at], gamma=0.1)
+    config = quick_config(rule=rule, settle_ratio=1e-12)  # reads every step, never freezes
+    eg = egeria.Egeria(model, opt, config=config)
+    train(model, opt, eg, batches(1) * 60, scheduler=sched)
+    history = eg.history
+    eg.close()
+    # The reading of step drop_at + 1 is the first at LR 0.005 (the scheduler stepped after step drop_at).
+    before = [r for r in history if r["step"] == drop_at]
+    after = [r for r in history if r["step"] == drop_at + 1]
+    assert before and after and all(r["smoothed"] != r["plasticity"] for r in before)
+    if rule == "egeria":  # a fresh average: the reading alone, no slope yet
+        assert all(r["smoothed"] == r["plasticity"] and r["slope"] is None for r in after)
+    else:  # the paper's rule keeps averaging across the drop
+        assert all(r["smoothed"] != r["plasticity"] for r in after)

@@ -91,7 +91,8 @@ class EgeriaConfig:
     # halved and watching restarts at once. "egeria": ``watch_span`` modules are read
     # from one forward pass, so a module's history is ready when the one before it
     # freezes; after an unfreeze the rule waits for the loss to settle again (bootstrapping)
-    # and keeps W.
+    # and keeps W; a learning rate 2x higher or lower than at a module's previous reading
+    # restarts its moving average and stale count (a new regime; its tolerance stays).
     rule: str = "paper"
     # Modules read at each evaluation under rule="egeria", from the frontmost active one
     # (None: every freezable module).

@@ -73,6 +73,9 @@ class Controller:
         fixed_probe: read every evaluation on the first evaluation's batch.
         settle_ratio: a module freezes only once its smoothed plasticity is at most this
             share of the highest it has had in the run (None: no such condition).
+        regimes: a reading whose learning rate differs 2x or more from the module's
+            previous one restarts that module's moving average and stale count
+            (:meth:`ModuleWatch.new_regime`); ``rule="egeria"``.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Controller:
         span: int = 1,
         fixed_probe: bool = False,
         settle_ratio: float | None = None,
+        regimes: bool = False,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -98,6 +102,7 @@ class Controller:
         self.span = span
         self.fixed_probe = fixed_probe
         self.settle_ratio = settle_ratio
+        self.regimes = regimes
         self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
         self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
@@ -170,7 +175,7 @@ class Controller:
         if not all(math.isfinite(v) for v in values):
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
-        rows = [self._read(index, value, request.step) for index, value in zip(watched, values)]
+        rows = [self._read(index, value, request.step, request.lr) for index, value in zip(watched, values)]
         count = 0
         while count < len(watched) and self._settled(watched[count]):
             count += 1
@@ -199,11 +204,13 @@ class Controller:
             return False
         return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peaks[index]
 
-    def _read(self, index: int, plasticity: float, step: int) -> dict:
+    def _read(self, index: int, plasticity: float, step: int, lr: float | None = None) -> dict:
         """One module's reading through its rule; the history row."""
         watch = self.watches.get(index)
         if watch is None:
             watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
+        if self.regimes and lr is not None and watch.new_regime(lr):
+            logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", step, lr, self._name(index))
         reading = watch.update(plasticity)
         self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
         return {

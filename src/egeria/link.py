@@ -39,6 +39,7 @@ class _Evaluation:
     sent: bool = False  # its request went to the controller
     open: bool = True  # its forward pass is running (activations may be captured)
     activations: dict[int, HostCopy | LocalCopy] = field(default_factory=dict)
+    lr: float | None = None  # the learning rate of its step
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -107,13 +108,21 @@ class ControllerLink:
         """Capture the forward pass of ``step`` (None: none)."""
         self.armed_for = step if self.usable else None
 
-    def begin(self, step: int, module: int, batch: Callable[[], HostCopy | LocalCopy], send: bool, state: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+    def begin(
+        self,
+        step: int,
+        module: int,
+        batch: Callable[[], HostCopy | LocalCopy],
+        send: bool,
+        state: Callable[[], Mapping[str, torch.Tensor]],
+        lr: float | None = None,
+    ) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
         already (on the CPU; a device's copy is sent at the step boundary instead)."""
         if self.armed_for != step or self.evaluation is not None:
             return
-        evaluation = _Evaluation(step, module, batch())
+        evaluation = _Evaluation(step, module, batch(), lr=lr)
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
         self.evaluation = evaluation
@@ -173,6 +182,7 @@ class ControllerLink:
             as_float32(evaluation.batch.get()),
             self.executor.weights(state(), self.keys.of(final, loose=False)) if final else None,
             final,
+            evaluation.lr,
         )
         try:
             sent = self.executor.offer(request)

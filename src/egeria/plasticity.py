@@ -18,6 +18,9 @@ __all__ = ["Reading", "ModuleWatch", "least_squares_slope"]
 # average, not movement: they count as flat even when the tolerance is 0.
 _RELATIVE_FLAT = 1e-9
 _TOLERANCE_READINGS = 3
+# A learning rate this many times higher or lower than at a module's previous reading
+# starts a new regime of its plasticity (rule="egeria").
+REGIME_CHANGE = 2.0
 
 
 def least_squares_slope(values: list[float]) -> float:
@@ -62,6 +65,19 @@ class ModuleWatch:
     tolerance: float | None = None
     stale: int = 0
     readings: int = 0
+    lr: float | None = None  # the learning rate of the latest reading, where known
+
+    def new_regime(self, lr: float) -> bool:
+        """Notes the learning rate of the coming reading; at a change of ``REGIME_CHANGE``x
+        or more since the previous one, the moving average, its slope and the stale count
+        start afresh (the tolerance stays). A 10x LR drop moves the plasticity level 10-100x
+        within a few readings; an average straddling the drop reads as a steep slope for W
+        readings after it (benchmarks/README.md, the noise of a reading). True at a restart."""
+        previous, self.lr = self.lr, lr
+        if previous is None or lr <= 0 or previous <= 0 or max(lr / previous, previous / lr) < REGIME_CHANGE:
+            return False
+        self.raw, self.smoothed, self.stale = [], [], 0
+        return True
 
     def update(self, plasticity: float) -> Reading:
         """Adds one plasticity value and says whether the module should freeze.
@@ -96,6 +112,7 @@ class ModuleWatch:
             "tolerance": self.tolerance,
             "stale": self.stale,
             "readings": self.readings,
+            "lr": self.lr,
         }
 
     @classmethod

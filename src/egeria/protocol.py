@@ -34,6 +34,7 @@ class Request:
         final_weights: weights of modules frozen since the previous request (their final
             values), or None.
         final_modules: indices of those modules.
+        lr: the learning rate the evaluated step trained at (None: not known).
     """
 
     seq: int
@@ -43,6 +44,7 @@ class Request:
     batch: tuple
     final_weights: Any = None
     final_modules: tuple[int, ...] = ()
+    lr: float | None = None
 
 
 @dataclass

@@ -67,6 +67,7 @@ class ControllerSpec:
     fixed_probe: bool = False
     cpus: tuple[int, ...] | None = None  # cores the controller process may use
     settle_ratio: float | None = None
+    regimes: bool = False  # a learning-rate change restarts the watches' averages (rule="egeria")
 
     def build(self) -> Controller:
         return Controller(
@@ -80,6 +81,7 @@ class ControllerSpec:
             span=self.span,
             fixed_probe=self.fixed_probe,
             settle_ratio=self.settle_ratio,
+            regimes=self.regimes,
         )
 
 

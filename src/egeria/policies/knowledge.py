@@ -38,7 +38,7 @@ from ..nested import first_tensor, leaves, map_tensors
 from ..placement import controller_threads, reference_home, resolve_executor, resolve_precision
 from ..service import ControllerSpec
 from ..similarity import gram_of
-from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule
+from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
 from ..weights import ModuleKeys, cpu_snapshot
 from .base import Binding, Move, StepInfo
 
@@ -255,6 +255,7 @@ class KnowledgeGuided:
                 lambda: _probe_copy((args, kwargs), self.config.probe_size, self._to_host),
                 self.stage == "guided",
                 self._model.state_dict,
+                current_lr(binding.optimizer),
             )
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -317,6 +318,7 @@ class KnowledgeGuided:
             cfg.fixed_probe,
             cpus,
             cfg.settle_ratio,
+            cfg.rule == "egeria",
         )
 
     @property
