@@ -103,7 +103,7 @@ def main() -> None:
 
     half = os.path.join(args.out, f"checkpoint-{checkpoint_step(args)}")
     with open(os.path.join(half, STATE_FILE)) as f:
-        saved = json.load(f)
+        saved = json.load(f)["state"]  # Egeria.state_dict(), its tensors in the .pt beside it
     frozen = eg.modules[: saved["frozen"]]
     print(f"{half}/{STATE_FILE}: step {saved['steps']}, frozen {frozen}")
 
