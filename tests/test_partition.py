@@ -59,6 +59,21 @@ def test_transformer_lm_partition():
     assert_covers_every_parameter_once(model, partition)
 
 
+def test_a_leading_embedding_module_joins_the_first_layer():
+    """A large token embedding is a module of its own by size; leading the partition, it
+    would be watched first and hold every layer behind it, so it joins the first layer."""
+    model = TransformerLM(vocab_size=5000, d_model=16, n_heads=2, n_layers=6, d_ff=32, max_len=16)
+    eg, partition = partition_of(model, (torch.randint(0, 5000, (2, 8)),))
+    first = partition.modules[0]
+    assert first.name == "embed..layers.0" and {"embed", "pos", "layers.0"} <= set(first.blocks)
+    assert partition.modules[1].name == "layers.1"
+    assert_covers_every_parameter_once(model, partition)
+    # A user's choice is kept as given.
+    model = TransformerLM(vocab_size=5000, d_model=16, n_heads=2, n_layers=6, d_ff=32, max_len=16)
+    eg, partition = partition_of(model, (torch.randint(0, 5000, (2, 8)),), modules=["embed", "layers.0", "layers.3"])
+    assert partition.names[0] == "embed"
+
+
 def test_hf_style_tied_embedding_is_owned_by_the_head_and_its_lookup_detached_when_frozen():
     config = TinyGPTConfig(vocab_size=40, n_embd=16, n_layer=4, n_head=2, n_positions=16)
     model = TinyGPTModel(config)

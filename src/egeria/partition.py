@@ -333,6 +333,7 @@ def build_partition(
         groups = _group_by_size([b for b in ordered if counts[b] > 0], counts, max_modules)
         # Blocks whose parameters all belong to deeper modules run inside the module they sit in.
         groups = _reattach_empty(ordered, groups)
+        groups = _lookups_join_next(model, groups, counts)
     if not_run:
         groups[-1].extend(not_run)
     if len(groups) < 2:
@@ -404,6 +405,22 @@ def _reattach_empty(ordered: list[str], groups: list[list[str]]) -> list[list[st
     # Keep each group's blocks in execution order.
     position = {b: i for i, b in enumerate(ordered)}
     return [sorted(g, key=lambda b: position[b]) for g in result]
+
+
+def _lookups_join_next(model: nn.Module, groups: list[list[str]], counts: dict[str, int]) -> list[list[str]]:
+    """A leading module of embedding lookups alone (an LM's token embedding) joins the module
+    after it. On its own it would be watched first, and a lookup table has no FLOPs to save
+    and sparse updates (rare tokens move until the end), so every layer behind it would
+    wait for it; joined, it freezes when the first layer's output, which it feeds, settles."""
+    named = dict(model.named_modules())
+
+    def lookups_only(group: list[str]) -> bool:
+        return all(isinstance(named[b], nn.Embedding) or counts.get(b, 0) == 0 for b in group)
+
+    groups = [list(g) for g in groups]
+    while len(groups) > 2 and lookups_only(groups[0]):
+        groups[0:2] = [groups[0] + groups[1]]
+    return groups
 
 
 def _group_by_choice(ordered: list[str], chosen: set[str]) -> list[list[str]]:
