@@ -134,3 +134,4 @@ def test_accel_layout_runs_egeria_in_a_pinned_process_and_restores_the_trainer(t
     assert run["config"]["executor"] == "process" and run["config"]["controller_cpus"] == [core]
     assert run["machine"]["usable_cores"] == 1 and run["machine"]["torch_threads"] == 1
     assert "--layout accel" in run["command"]
+    assert run["code"] is None or len(run["code"]) == 40  # the source's git commit, inside a checkout

@@ -155,6 +155,7 @@ def _run(
         "command": command
         or f"egeria bench {task_name} --policy {policy} --seed {seed} --layout {layout['name']}" + (" --cache" if cache else ""),
         "machine": describe_machine(),
+        "code": _code_commit(),
         "layout": layout,
         "config": cfg.to_dict(),
         "metric": {"name": task.metric, "higher_is_better": task.higher_is_better},
@@ -216,6 +217,22 @@ def _run(
     torch.save(task.model.state_dict(), target.with_suffix(".pt"))
     logger.info("wrote %s", target)
     return result
+
+
+def _code_commit() -> str | None:
+    """The git commit of the egeria source this run used (the rule's behaviour can change
+    with the code while its config fields stay the same), or None outside a checkout."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def _cache_summary(eg: Egeria) -> dict:
