@@ -85,4 +85,9 @@ done
 for task in $tasks; do
   for policy in freezeout linear static autofreeze; do run "$task" "$policy" 0; done
 done
-"${egeria[@]}" report "$out" --out "$out/report"
+# The grid's own runs (hand-run variants under $out/variants have their own reports).
+grid=()
+for dir in "$out"/runs-accel "$out"/runs-cpu "$out"/accel "$out"/cpu; do
+  [ -d "$dir" ] && grid+=("$dir")
+done
+"${egeria[@]}" report "${grid[@]}" --out "$out/report"
