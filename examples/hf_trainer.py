@@ -5,6 +5,7 @@ Run (CPU, well under a minute; needs ``pip install egeria[hf]``)::
 
     python examples/hf_trainer.py
     python examples/hf_trainer.py --steps 300 --out /tmp/egeria-hf
+    torchrun --nproc_per_node 2 examples/hf_trainer.py --out /tmp/egeria-hf   # DDP, 2 CPU processes
 
 The model is built from a ``GPT2Config`` (nothing is downloaded); its input embedding is
 tied to its output layer, so the front module freezes with the embedding lookup detached
@@ -87,6 +88,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=64, help="tokens of the toy language (default 64)")
     parser.add_argument("--out", default=None, help="output directory (default: a temporary one)")
     args = parser.parse_args()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.out is None:
+        parser.error("under torchrun pass --out, a folder every rank sees (rank 0 writes the checkpoints)")
     args.out = args.out or tempfile.mkdtemp(prefix="egeria-hf-")
 
     # A short run: evaluate plasticity every 4 steps over windows of 4 readings (the
