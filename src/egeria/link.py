@@ -115,14 +115,15 @@ class ControllerLink:
         batch: Callable[[], HostCopy | LocalCopy],
         send: bool,
         state: Callable[[], Mapping[str, torch.Tensor]],
-        lr: float | None = None,
+        lr: Callable[[], float] | None = None,
     ) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
-        already (on the CPU; a device's copy is sent at the step boundary instead)."""
+        already (on the CPU; a device's copy is sent at the step boundary instead). ``batch``
+        and ``lr`` are read only when the step is armed: this runs at every forward pass."""
         if self.armed_for != step or self.evaluation is not None:
             return
-        evaluation = _Evaluation(step, module, batch(), lr=lr)
+        evaluation = _Evaluation(step, module, batch(), lr=None if lr is None else lr())
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
         self.evaluation = evaluation

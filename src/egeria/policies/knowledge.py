@@ -255,7 +255,7 @@ class KnowledgeGuided:
                 lambda: _probe_copy((args, kwargs), self.config.probe_size, self._to_host),
                 self.stage == "guided",
                 self._model.state_dict,
-                current_lr(binding.optimizer),
+                lambda: current_lr(binding.optimizer),
             )
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
