@@ -123,13 +123,13 @@ def test_a_reference_on_the_models_device_reads_as_on_the_host_without_a_host_co
 def test_reference_device_choices_and_refusals():
     from egeria.placement import reference_home, resolve_executor, resolve_precision
     from egeria.reference import ReferenceModel
-    from egeria.weights import cpu_snapshot
+    from egeria.weights import float_snapshot
 
     model = Chain()
     assert resolve_executor("auto", model, "model") == "inline"
     assert resolve_precision("auto", torch.device("cuda")) == "bf16"
     assert reference_home("model", model) == torch.device("cpu") and reference_home("cpu", model).type == "cpu"
-    on_meta = cpu_snapshot(model, "meta")  # the snapshot goes where it is asked, weights and all
+    on_meta = float_snapshot(model, "meta")  # the snapshot goes where it is asked, weights and all
     assert {p.device.type for p in on_meta.parameters()} == {"meta"} and not any(p.requires_grad for p in on_meta.parameters())
     with pytest.raises(ValueError, match="int8 reference runs on the CPU only, not on meta"):
         ReferenceModel(on_meta, None, "int8")  # refused before the partition is read

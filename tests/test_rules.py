@@ -10,7 +10,7 @@ import egeria
 from egeria.executors import InlineExecutor
 from egeria.protocol import Readout, Request
 from egeria.service import ControllerSpec
-from egeria.weights import cpu_snapshot
+from egeria.weights import float_snapshot
 from fakes import Recorder
 from tiny import Chain, batches, quick_config, train
 
@@ -19,7 +19,7 @@ def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision
     torch.manual_seed(0)
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
-    spec = ControllerSpec(partition, cpu_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe)
+    spec = ControllerSpec(partition, float_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe)
     return model, partition, InlineExecutor(spec)
 
 

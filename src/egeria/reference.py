@@ -31,7 +31,7 @@ from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_l
 from .serialization import decode_tensor, encode_tensor
 from .threads import limited_threads
 from .truncated import outputs_until, run_until
-from .weights import ModuleKeys, cpu_snapshot
+from .weights import ModuleKeys, float_snapshot
 
 __all__ = ["ReferenceModel", "Batch"]
 
@@ -69,12 +69,13 @@ class ReferenceModel:
         if reason:
             logger.warning("int8 reference unavailable (%s); using fp32", reason)
             precision = "fp32"
-        if precision == "int8" and model_device(template).type != "cpu":
-            raise ValueError(f"an int8 reference runs on the CPU only, not on {model_device(template)}")
+        device = model_device(template)
+        if precision == "int8" and device.type != "cpu":
+            raise ValueError(f"an int8 reference runs on the CPU only, not on {device}")
         self.precision = precision
         self.threads = threads
         self._partition = partition
-        self._float = cpu_snapshot(template, model_device(template))
+        self._float = float_snapshot(template, device)
         self._keys = ModuleKeys(self._float, partition)
         self._built: dict[str, nn.Module] = {}
         self._observers: dict[str, dict[str, list[float]]] = {}

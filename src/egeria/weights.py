@@ -1,5 +1,6 @@
-"""Copies of a model's weights for the controller: a CPU snapshot of the whole model, and
-packed copies of the state of some layer modules (paper 4.1.3, "updating the reference").
+"""Copies of a model's weights for the controller: an fp32 snapshot of the whole model (on
+the CPU, or on the model's device for ``reference_device="model"``), and packed copies of
+the state of some layer modules (paper 4.1.3, "updating the reference").
 
 A packed copy holds one flat buffer per dtype, so sending it to the controller process
 costs one copy of the weights into one shared-memory block, not one block per tensor.
@@ -17,7 +18,7 @@ from .device import pack_to_host
 from .hooks import is_marked
 from .partition import Partition
 
-__all__ = ["cpu_snapshot", "ModuleKeys", "PackedState", "as_mapping"]
+__all__ = ["float_snapshot", "ModuleKeys", "PackedState", "as_mapping"]
 
 _HOOK_DICTS = (
     "_forward_hooks",
@@ -28,7 +29,7 @@ _HOOK_DICTS = (
 )
 
 
-def cpu_snapshot(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
+def float_snapshot(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
     """An fp32 eval-mode copy of ``model`` on ``device`` (the CPU by default) without
     Egeria's own forward hooks."""
     memo: dict[int, Any] = {}

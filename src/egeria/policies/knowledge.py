@@ -39,7 +39,7 @@ from ..placement import controller_threads, reference_home, resolve_executor, re
 from ..service import ControllerSpec
 from ..similarity import gram_of
 from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
-from ..weights import ModuleKeys, cpu_snapshot
+from ..weights import ModuleKeys, float_snapshot
 from .base import Binding, Move, StepInfo
 
 __all__ = ["KnowledgeGuided", "derive_eval_interval"]
@@ -307,7 +307,7 @@ class KnowledgeGuided:
         cpus = tuple(cfg.controller_cpus) if cfg.controller_cpus is not None else None
         return ControllerSpec(
             self._binding.partition,
-            cpu_snapshot(self._binding.model, self._home),
+            float_snapshot(self._binding.model, self._home),
             resolve_precision(cfg.reference_precision, self._home),
             self.window,
             cfg.tolerance_ratio,
