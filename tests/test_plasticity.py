@@ -95,7 +95,8 @@ def _around_a_drop(watch: ModuleWatch, regimes: bool) -> list:
     the full-length runs' readings)."""
     high = [0.3] * 4 + [0.3 + 0.02 * (-1) ** i for i in range(20)]
     readings = []
-    for lr, values in ((0.1, high), (0.01, [0.003] * 30)):
+    # The first reading after the drop spans it: between the two levels.
+    for lr, values in ((0.1, high), (0.01, [0.05] + [0.003] * 30)):
         for v in values:
             if regimes:
                 watch.new_regime(lr)
@@ -107,10 +108,11 @@ def test_a_learning_rate_drop_restarts_the_average_so_the_new_level_is_read_at_o
     window = 5
     restarted = _around_a_drop(ModuleWatch(window=window, tolerance_ratio=0.2), regimes=True)
     straddled = _around_a_drop(ModuleWatch(window=window, tolerance_ratio=0.2), regimes=False)
-    # Restarted: the first reading after the drop is the whole average, the slope exists
-    # from the second, and W stale readings freeze it.
-    assert restarted[0].smoothed == 0.003 and restarted[0].slope is None and restarted[0].stale == 0
-    assert first_freeze(restarted) == window
+    # Restarted: the reading spanning the drop joins no average; the next one is the whole
+    # average, the slope exists from the one after, and W stale readings freeze it.
+    assert not restarted[0].counted and restarted[0].stale == 0 and not restarted[0].freeze
+    assert restarted[1].counted and restarted[1].smoothed == 0.003 and restarted[1].slope is None
+    assert first_freeze(restarted) == 1 + window
     # Straddled: the average still holds LR-0.1 readings, whose fall reads as a steep slope.
     assert straddled[0].smoothed > 0.1 and first_freeze(straddled) >= first_freeze(restarted) + window - 1
 
@@ -121,3 +123,14 @@ def test_new_regime_fires_at_a_2x_change_either_way_and_is_kept_in_the_state():
     feed(watch, [1.0, 1.0])
     restored = ModuleWatch.from_state(watch.state_dict())
     assert restored.lr == 0.05 and restored.raw == watch.raw and not restored.new_regime(0.04)
+
+
+def test_the_reading_spanning_a_restart_is_left_out_even_across_a_saved_state():
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2)
+    watch.new_regime(0.1)
+    feed(watch, [1.0, 1.0])
+    assert watch.new_regime(0.01)
+    restored = ModuleWatch.from_state(watch.state_dict())  # saved between the drop and its reading
+    spanning = restored.update(5.0)
+    assert not spanning.counted and restored.raw == [] and restored.smoothed == []
+    assert restored.update(0.01).smoothed == 0.01  # the new regime's first value, alone

@@ -9,6 +9,7 @@ import torch
 import egeria
 from egeria.executors import InlineExecutor
 from egeria.protocol import Readout, Request
+from egeria.reference import ReferenceModel
 from egeria.service import ControllerSpec
 from egeria.weights import float_snapshot
 from fakes import Recorder
@@ -160,7 +161,33 @@ def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_a
     before = [r for r in history if r["step"] == drop_at]
     after = [r for r in history if r["step"] == drop_at + 1]
     assert before and after and all(r["smoothed"] != r["plasticity"] for r in before)
-    if rule == "egeria":  # a fresh average: the reading alone, no slope yet
-        assert all(r["smoothed"] == r["plasticity"] and r["slope"] is None for r in after)
+    then = [r for r in history if r["step"] == drop_at + 2]
+    if rule == "egeria":
+        # The first reading after the drop compares with a reference from before it: it
+        # joins no average; the next one starts the new average alone, with no slope yet.
+        assert all(not r["counted"] and r["slope"] is None and r["stale"] == 0 for r in after)
+        assert then and all(r["counted"] and r["smoothed"] == r["plasticity"] and r["slope"] is None for r in then)
     else:  # the paper's rule keeps averaging across the drop
-        assert all(r["smoothed"] != r["plasticity"] for r in after)
+        assert all(r["counted"] and r["smoothed"] != r["plasticity"] for r in after + then)
+
+
+@pytest.mark.parametrize("regimes", [True, False])
+def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whatever_refresh_every_says(monkeypatch, regimes):
+    torch.manual_seed(0)
+    model = Chain(depth=4).eval()
+    partition = egeria.partition_model(model, (torch.randn(4, 8),))
+    refresh_every = 1000  # only the build, and the reading spanning the change
+    spec = ControllerSpec(partition, float_snapshot(model), "fp32", 3, 0.2, refresh_every, 1, None, 2, False, regimes=regimes)
+    executor = InlineExecutor(spec)
+    refreshed = []
+    original = ReferenceModel.refresh
+    monkeypatch.setattr(ReferenceModel, "refresh", lambda self, *a, **kw: (refreshed.append(seq), original(self, *a, **kw)))
+    x = torch.randn(16, 8)
+    for seq in range(1, 7):  # no freeze yet (its refresh would count)
+        lr = 0.1 if seq <= 4 else 0.01  # the reading of seq 5 is the first at the new rate
+        executor.offer(Request(seq, 0, seq, 0, ((x,), {}), lr=lr))
+        executor.readout(Readout(seq, None, dict(model.state_dict())))
+        [result] = executor.poll()
+        if seq == 5:
+            assert [row["counted"] for row in result.readings] == [not regimes] * 2
+    assert refreshed == ([1, 5] if regimes else [1])

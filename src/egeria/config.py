@@ -92,7 +92,8 @@ class EgeriaConfig:
     # from one forward pass, so a module's history is ready when the one before it
     # freezes; after an unfreeze the rule waits for the loss to settle again (bootstrapping)
     # and keeps W; a learning rate 2x higher or lower than at a module's previous reading
-    # restarts its moving average and stale count (a new regime; its tolerance stays).
+    # restarts its moving average and stale count (a new regime; its tolerance stays),
+    # and the reading spanning the change joins neither regime's average.
     rule: str = "paper"
     # Modules read at each evaluation under rule="egeria", from the frontmost active one
     # (None: every freezable module).

@@ -192,7 +192,10 @@ class Controller:
             self._froze(count, weights, request)
             return answer(readings=rows, decision=decision)
         self.readings_since_refresh += 1
-        if self.readings_since_refresh >= self.refresh_every:
+        # A reading that straddled a learning-rate change: the next one compares with a
+        # reference from the new regime, whatever refresh_every says.
+        straddled = any(not row["counted"] for row in rows)
+        if self.readings_since_refresh >= self.refresh_every or straddled:
             self._refresh(weights, request, upto=watched[-1])
         return answer(readings=rows)
 
@@ -212,7 +215,8 @@ class Controller:
         if self.regimes and lr is not None and watch.new_regime(lr):
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", step, lr, self._name(index))
         reading = watch.update(plasticity)
-        self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
+        if reading.counted:
+            self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
         return {
             "step": step,
             "module": self._name(index),
@@ -221,7 +225,8 @@ class Controller:
             "slope": reading.slope,
             "tolerance": reading.tolerance,
             "stale": reading.stale,
-            "peak": self.peaks[index],
+            "peak": self.peaks.get(index, 0.0),
+            "counted": reading.counted,  # False: it straddled a learning-rate change
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:

@@ -46,6 +46,7 @@ class Reading:
     tolerance: float | None  # None until the module's first three slopes are known
     stale: int  # consecutive readings with |slope| <= tolerance, this one included
     freeze: bool  # the module should freeze now
+    counted: bool = True  # False: it straddled a learning-rate change and joined no average
 
 
 @dataclass
@@ -66,17 +67,21 @@ class ModuleWatch:
     stale: int = 0
     readings: int = 0
     lr: float | None = None  # the learning rate of the latest reading, where known
+    straddling: bool = False  # the coming reading spans a learning-rate change
 
     def new_regime(self, lr: float) -> bool:
         """Notes the learning rate of the coming reading; at a change of ``REGIME_CHANGE``x
         or more since the previous one, the moving average, its slope and the stale count
-        start afresh (the tolerance stays). A 10x LR drop moves the plasticity level 10-100x
-        within a few readings; an average straddling the drop reads as a steep slope for W
-        readings after it (benchmarks/README.md, the noise of a reading). True at a restart."""
+        start afresh (the tolerance stays), and the coming reading joins neither regime: it
+        compares the model after the change with a reference from before it. A 10x LR drop
+        moves the plasticity level 10-100x within a few readings; an average straddling the
+        drop reads as a steep slope for W readings after it (benchmarks/README.md, the noise
+        of a reading). True at a restart."""
         previous, self.lr = self.lr, lr
         if previous is None or lr <= 0 or previous <= 0 or max(lr / previous, previous / lr) < REGIME_CHANGE:
             return False
         self.raw, self.smoothed, self.stale = [], [], 0
+        self.straddling = True
         return True
 
     def update(self, plasticity: float) -> Reading:
@@ -88,6 +93,9 @@ class ModuleWatch:
         if not math.isfinite(plasticity):
             raise ValueError(f"plasticity reading {plasticity!r} is not finite")
         self.readings += 1
+        if self.straddling:
+            self.straddling = False
+            return Reading(float(plasticity), float(plasticity), None, self.tolerance, 0, False, counted=False)
         self.raw = (self.raw + [float(plasticity)])[-self.window:]
         smoothed = math.fsum(self.raw) / len(self.raw)
         self.smoothed = (self.smoothed + [smoothed])[-self.window:]
@@ -113,6 +121,7 @@ class ModuleWatch:
             "stale": self.stale,
             "readings": self.readings,
             "lr": self.lr,
+            "straddling": self.straddling,
         }
 
     @classmethod
