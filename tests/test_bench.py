@@ -64,6 +64,20 @@ def test_a_cached_run_trains_exactly_as_the_uncached_one_and_records_the_cache(t
     assert all(level["complete"] and "files" not in level for level in levels.values())
 
 
+@needs_fmnist
+def test_snapshots_save_the_weights_at_every_record_the_last_equal_to_the_final_weights(tmp_path):
+    run = run_bench("resnet-fmnist", "none", epochs=2, limit=256, eval_limit=50, records_per_epoch=2, out_dir=tmp_path,
+                    snapshots=True)
+    folder = tmp_path / "cpu" / "resnet-fmnist"
+    steps = [r["step"] for r in run["records"]]
+    assert steps == [1, 2, 3, 4]
+    assert sorted(p.name for p in (folder / "none-seed0-snapshots").iterdir()) == [f"step{s}.pt" for s in steps]
+    first, last = (torch.load(folder / "none-seed0-snapshots" / f"step{s}.pt") for s in (1, 4))
+    final = torch.load(folder / "none-seed0.pt")
+    assert all(torch.equal(last[k], final[k]) for k in final)
+    assert not torch.equal(first["conv1.weight"], final["conv1.weight"])  # saved as it was then
+
+
 @pytest.mark.slow
 @needs_ptb
 @needs_fmnist

@@ -94,6 +94,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "(writes POLICY-cache-seedS.json)",
     )
     p.add_argument(
+        "--snapshots", action="store_true",
+        help="also save the model's weights at every record, outside the timed training "
+        "(POLICY-seedS-snapshots/stepN.pt; for benchmarks/oracle.py)",
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
         help="override one EgeriaConfig field, e.g. --set eval_interval=20 (repeatable; "
         "VALUE is read as a Python literal, else as a string)",
@@ -119,6 +124,7 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         command=command,
         progress=not args.no_progress,
         cache=args.cache,
+        snapshots=args.snapshots,
     )
     final = result["final"]
     print(

@@ -58,6 +58,7 @@ def run_bench(
     command: str | None = None,
     progress: bool = False,
     cache: bool = False,
+    snapshots: bool = False,
 ) -> dict:
     """Trains ``task_name`` under ``policy`` in ``layout`` and writes
     ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json`` (``<policy>-cache-seed<seed>.json``
@@ -87,6 +88,9 @@ def run_bench(
             cache's summary. FLOPs are counted when the frozen set changes, before the
             cache can serve it, so they stay those of the full forward; the wall time
             shows the cache's effect.
+        snapshots: also save the model's weights at every record, outside the timed
+            training, as ``<stem>-snapshots/step<N>.pt`` beside the JSON (for the post-hoc
+            study of when each module converged, ``benchmarks/oracle.py``).
 
     Returns:
         The recorded run (also written as JSON).
@@ -107,7 +111,7 @@ def run_bench(
             task_name, policy, seed=seed, epochs=epochs, out=out, layout=place.to_dict(), limit=limit,
             eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, config=config,
             overrides={**place.config_overrides(policy), **(overrides or {})}, command=command, progress=progress,
-            cache=cache,
+            cache=cache, snapshots=snapshots,
         )
 
 
@@ -128,6 +132,7 @@ def _run(
     command: str | None,
     progress: bool,
     cache: bool,
+    snapshots: bool = False,
 ) -> dict:
     """:func:`run_bench` inside its layout: trains and writes ``out/<task>/<stem>.json``."""
     task, epochs = build_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
@@ -165,6 +170,10 @@ def _run(
         "eval_limit": eval_limit,
         "cache": cache,
     }
+    target = out / task_name / f"{policy}{'-cache' if cache else ''}-seed{seed}.json"
+    snapshot_dir = target.with_name(target.stem + "-snapshots") if snapshots else None
+    if snapshot_dir is not None:
+        snapshot_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     losses: list[float] = []
     first: list[StepResult] = []  # the first step: nothing frozen yet
@@ -179,6 +188,8 @@ def _run(
     def record(result: StepResult) -> None:
         records.append(_record(eg, task, result, losses, first[0].backward_flops))
         losses.clear()
+        if snapshot_dir is not None:
+            torch.save(task.model.state_dict(), snapshot_dir / f"step{result.step}.pt")
 
     try:
         steps = train(
@@ -211,7 +222,6 @@ def _run(
         }
     )
     eg.close()
-    target = out / task_name / f"{policy}{'-cache' if cache else ''}-seed{seed}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(result, indent=1))
     torch.save(task.model.state_dict(), target.with_suffix(".pt"))
