@@ -453,3 +453,16 @@ def test_backward_flops_vs_plain_uses_the_plain_seeds_that_recorded_them(tmp_pat
     rep = build_report([old_plain, new_plain, egeria], tmp_path, plots=False)
     assert _row(rep, "t", "egeria", 0)["backward_flops_vs_plain"] == pytest.approx(1500 / 2000)
     assert _row(rep, "t", "none", 0)["backward_flops_vs_plain"] is None
+
+
+def test_the_pace_before_any_freeze_shows_whether_compared_runs_ran_alike(tmp_path: Path) -> None:
+    plain = _run("resnet-fmnist", "none", 0, [10, 20, 30, 40], [0.5, 0.7, 0.85, 0.90], 1000.0, layout="accel")
+    # Egeria: 1.2 s per step over its first 20 steps, then a freeze at step 25 (faster after it).
+    egeria = _run("resnet-fmnist", "egeria", 0, [12, 24, 30, 36], [0.5, 0.7, 0.85, 0.90], 800.0, layout="accel")
+    egeria["events"] = [{"step": 25, "action": "freeze", "modules": ["layer1"]}]
+    rep = build_report(load_runs([_write([plain, egeria], tmp_path / "runs")]), tmp_path / "report", plots=False)
+    assert _row(rep, "resnet-fmnist", "none", 0)["unfrozen_s_per_step"] == pytest.approx(1.0)  # its last record
+    assert _row(rep, "resnet-fmnist", "egeria", 0)["unfrozen_s_per_step"] == pytest.approx(1.2)  # up to step 20
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "ms/step before any freeze" in md
+    assert any(line.startswith("| egeria | 0 |") and line.endswith("| 1200 |") for line in md.splitlines())

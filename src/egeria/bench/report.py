@@ -78,6 +78,19 @@ def _time_to_target(run: dict, target: float, higher_is_better: bool) -> tuple[f
     return None
 
 
+def _unfrozen_pace(run: dict) -> float | None:
+    """Training seconds per step while nothing was frozen: at the last record up to the
+    first freeze (a plain run: its last record). It shows whether runs compared with each
+    other ran at the same pace before freezing could make any difference (runs made in
+    different sessions of one machine can differ by 20%)."""
+    freezes = [e["step"] for e in run.get("events", []) if e.get("action") == "freeze"]
+    until = min(freezes) if freezes else math.inf
+    before = [rec for rec in run["records"] if rec.get("step") and rec["step"] <= until]
+    if not before:
+        return None
+    return float(before[-1]["wall_time_s"]) / before[-1]["step"]
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or not den or not math.isfinite(num) or not math.isfinite(den):
         return None
@@ -171,6 +184,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
             "ideal_speedup": ideal,
             "efficiency": _ratio(speedup, ideal),
             "backward_flops_vs_plain": _ratio(r["final"].get("total_backward_flops"), ref_backward),
+            "unfrozen_s_per_step": _unfrozen_pace(r),
             "source": r.get("source"),
         })
 
@@ -249,14 +263,16 @@ def _fmt_tta(data: dict, row: dict | None) -> str:
 def _table(data: dict, metric: str) -> list[str]:
     lines = [
         f"| policy | seed | final {metric} | wall time (s) | TTA (s) | TTA speedup | FLOP-ideal speedup | efficiency "
-        "| backward FLOPs vs plain |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backward FLOPs vs plain | ms/step before any freeze |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in data["rows"]:
+        pace = row.get("unfrozen_s_per_step")
         lines.append(
             f"| {row['policy']} | {row['seed']} | {_fmt_metric(row['final_metric'])} | {row['wall_time_s']:.1f} "
             f"| {_fmt_tta(data, row)} | {_fmt_ratio(row['tta_speedup'])} | {_fmt_ratio(row['ideal_speedup'])} "
-            f"| {_fmt_float(row['efficiency'])} | {_fmt_float(row['backward_flops_vs_plain'])} |"
+            f"| {_fmt_float(row['efficiency'])} | {_fmt_float(row['backward_flops_vs_plain'])} "
+            f"| {'n/a' if pace is None else f'{1000 * pace:.0f}'} |"
         )
     return lines
 
@@ -352,7 +368,9 @@ _TTA_WORDS = (
     "run's. FLOP-ideal speedup: the plain seeds' mean total FLOPs / the run's total FLOPs. Efficiency: TTA "
     "speedup / FLOP-ideal speedup. Backward FLOPs vs plain: the run's total backward FLOPs / the mean "
     "of the plain seeds that recorded theirs (format-2 runs only). Seed noise: a run's distance from the "
-    "plain seeds' mean final metric against their spread (max - min)."
+    "plain seeds' mean final metric against their spread (max - min). Ms/step before any freeze: training "
+    "time per step up to the run's first freeze (a plain run: over the whole run); runs compared with "
+    "each other should show the same pace there, since nothing differs yet."
 )
 
 
