@@ -10,6 +10,7 @@ import egeria
 from egeria.executors import InlineExecutor
 from egeria.protocol import Readout, Request
 from egeria.reference import ReferenceModel
+from egeria.rule import FrontRule
 from egeria.service import ControllerSpec
 from egeria.weights import float_snapshot
 from fakes import Recorder
@@ -136,7 +137,7 @@ def test_after_every_freeze_the_next_module_is_read_again(span):
 @pytest.mark.parametrize("ratio, freezes", [(None, True), (1.0, True), (0.5, False)])
 def test_settle_ratio_holds_a_flat_module_whose_level_is_still_at_its_peak(ratio, freezes):
     model, partition, executor = _controller(span=1, precision="bf16")  # bf16: readings above 0
-    executor.service.controller.settle_ratio = ratio
+    executor.service.controller.rule.settle_ratio = ratio
     x = torch.randn(16, 8)
     results = [_evaluate(executor, model, seq, x) for seq in range(1, 9)]
     # Constant readings (same weights, same batch): flat from the start, always at their peak.
@@ -162,6 +163,7 @@ def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_a
     after = [r for r in history if r["step"] == drop_at + 1]
     assert before and after and all(r["smoothed"] != r["plasticity"] for r in before)
     then = [r for r in history if r["step"] == drop_at + 2]
+    assert all(r["lr"] == pytest.approx(0.05) for r in before) and all(r["lr"] == pytest.approx(0.005) for r in after)
     if rule == "egeria":
         # The first reading after the drop compares with a reference from before it: it
         # joins no average; the next one starts the new average alone, with no slope yet.
@@ -191,3 +193,20 @@ def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whate
         if seq == 5:
             assert [row["counted"] for row in result.readings] == [not regimes] * 2
     assert refreshed == ([1, 5] if regimes else [1])
+
+
+def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_peaks_across_restarts():
+    rule = FrontRule(window=2, tolerance_ratio=0.2, settle_ratio=0.5)
+    for value in (1.0, 1.0, 1.0, 1.0, 1.0):  # module 1: flat, but at its peak: never settled
+        rule.read(1, value)
+    for value in (4.0, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4):  # module 0: flat, well under its peak
+        rule.read(0, value)
+    assert rule.settled(0) and not rule.settled(1)
+    assert rule.settled_front([0, 1]) == 1 and rule.settled_front([1, 0]) == 0
+    rule.forget_before(1)
+    assert set(rule.watches) == {1} and rule.peak(0) == 4.0  # its first average, the highest
+    rule.restart(window=3)
+    assert rule.watches == {} and rule.window == 3 and rule.peak(1) == 1.0
+    copy = FrontRule(window=9, tolerance_ratio=0.2)
+    copy.load_state_dict(rule.state_dict())
+    assert copy.window == 3 and copy.peaks == rule.peaks

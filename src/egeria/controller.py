@@ -1,7 +1,7 @@
 """The controller: turns evaluations into freezing decisions (paper 4.1.1, 4.2).
 
 It owns the reference model's life cycle (generation, refresh, quantization, execution)
-and the freezing rule's state for the watched module. It knows nothing of queues, threads
+and feeds each reading to the freezing rule (:class:`~egeria.rule.FrontRule`). It knows nothing of queues, threads
 or clocks: the executors in :mod:`egeria.executors` feed it the same messages inline, in a
 thread or in a process, so the same sequence of evaluations gives the same decisions in
 all three.
@@ -43,9 +43,9 @@ from torch import nn
 from .decision import Decision
 from .nested import map_leaves, map_tensors
 from .partition import Partition
-from .plasticity import ModuleWatch
 from .protocol import Readout, Request, Result
 from .reference import ReferenceModel
+from .rule import FrontRule
 from .serialization import decode_tensor, encode_tensor
 from .similarity import Gram, sp_loss
 from .threads import limited_threads
@@ -71,11 +71,7 @@ class Controller:
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
         fixed_probe: read every evaluation on the first evaluation's batch.
-        settle_ratio: a module freezes only once its smoothed plasticity is at most this
-            share of the highest it has had in the run (None: no such condition).
-        regimes: a reading whose learning rate differs 2x or more from the module's
-            previous one restarts that module's moving average and stale count
-            (:meth:`ModuleWatch.new_regime`); ``rule="egeria"``.
+        settle_ratio, regimes: as in :class:`~egeria.rule.FrontRule`.
     """
 
     def __init__(
@@ -96,18 +92,18 @@ class Controller:
         self.partition = partition
         self.current = template.eval()
         self.precision = precision
-        self.tolerance_ratio = tolerance_ratio
         self.refresh_every = refresh_every
         self.threads = threads
         self.span = span
         self.fixed_probe = fixed_probe
-        self.settle_ratio = settle_ratio
-        self.regimes = regimes
-        self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
+        self.rule = FrontRule(window, tolerance_ratio, settle_ratio=settle_ratio, regimes=regimes)
         self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
-        self.watches: dict[int, ModuleWatch] = {}
         self.restart(generation=0, frozen=0, window=window)
+
+    @property
+    def window(self) -> int:
+        return self.rule.window
 
     @property
     def watched(self) -> list[int]:
@@ -176,12 +172,10 @@ class Controller:
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
         rows = [self._read(index, value, request.step, request.lr) for index, value in zip(watched, values)]
-        count = 0
-        while count < len(watched) and self._settled(watched[count]):
-            count += 1
+        count = self.rule.settled_front(watched)
         if count:
             names = tuple(self._name(i) for i in watched[:count])
-            tolerance = self.watches[watched[0]].tolerance or 0.0
+            tolerance = self.rule.tolerance(watched[0]) or 0.0
             decision = Decision(
                 request.step,
                 "freeze",
@@ -199,24 +193,11 @@ class Controller:
             self._refresh(weights, request, upto=watched[-1])
         return answer(readings=rows)
 
-    def _settled(self, index: int) -> bool:
-        """The rule says freeze: W stale readings, and (with ``settle_ratio``) a level
-        at most that share of the module's peak."""
-        watch = self.watches[index]
-        if watch.stale < self.window:
-            return False
-        return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peaks[index]
-
     def _read(self, index: int, plasticity: float, step: int, lr: float | None = None) -> dict:
         """One module's reading through its rule; the history row."""
-        watch = self.watches.get(index)
-        if watch is None:
-            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
-        if self.regimes and lr is not None and watch.new_regime(lr):
+        reading = self.rule.read(index, plasticity, lr)
+        if not reading.counted:
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", step, lr, self._name(index))
-        reading = watch.update(plasticity)
-        if reading.counted:
-            self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
         return {
             "step": step,
             "module": self._name(index),
@@ -225,8 +206,9 @@ class Controller:
             "slope": reading.slope,
             "tolerance": reading.tolerance,
             "stale": reading.stale,
-            "peak": self.peaks.get(index, 0.0),
+            "peak": self.rule.peak(index),
             "counted": reading.counted,  # False: it straddled a learning-rate change
+            "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
@@ -242,7 +224,7 @@ class Controller:
     def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request) -> None:
         """The front ``count`` modules froze: watch the ones after them."""
         self.frozen += count
-        self.watches = {i: w for i, w in self.watches.items() if i >= self.frozen}
+        self.rule.forget_before(self.frozen)
         if self.frozen < self.partition.freezable:
             self._refresh(weights, request, upto=self.watched[-1])
 
@@ -262,8 +244,7 @@ class Controller:
         """
         self.generation = generation
         self.frozen = frozen
-        self.window = window
-        self.watches = {}
+        self.rule.restart(window)
         self.reference = None
         self.readings_since_refresh = 0
 
@@ -272,10 +253,8 @@ class Controller:
         return {
             "generation": self.generation,
             "frozen": self.frozen,
-            "window": self.window,
-            "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
+            **self.rule.state_dict(),  # window, watches, peaks
             "readings_since_refresh": self.readings_since_refresh,
-            "peaks": {str(i): v for i, v in self.peaks.items()},
             "reference": None if self.reference is None else self.reference.state_dict(live),
             "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
         }
@@ -283,10 +262,8 @@ class Controller:
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
         self.generation = int(state["generation"])
         self.frozen = int(state["frozen"])
-        self.window = int(state["window"])
-        self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
+        self.rule.load_state_dict(state)
         self.readings_since_refresh = int(state["readings_since_refresh"])
-        self.peaks = {int(i): float(v) for i, v in state["peaks"].items()}
         self.probe = None
         if state["probe"] is not None:
             args, kwargs = map_leaves(state["probe"], _is_encoded, decode_tensor)

@@ -1,0 +1,100 @@
+"""The freezing rule over the front modules being watched: each module's
+:class:`~egeria.plasticity.ModuleWatch`, the highest level its plasticity has had, and how
+many of the front modules have settled (paper Algorithm 1, with Egeria's own additions).
+
+It holds no model and no reference: it takes plasticity values and says which front
+modules may freeze, so the controller feeds it live readings and a study can feed it the
+readings a run recorded (``benchmarks/rule_replay.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .plasticity import ModuleWatch, Reading
+
+__all__ = ["FrontRule"]
+
+
+class FrontRule:
+    """The rule's state for the watched modules.
+
+    Args:
+        window: W, as in :class:`ModuleWatch`.
+        tolerance_ratio: as in :class:`ModuleWatch`.
+        settle_ratio: a module settles only once its smoothed plasticity is at most this
+            share of the highest it has had in the run (None: no such condition).
+        regimes: a reading whose learning rate differs 2x or more from the module's
+            previous one restarts that module's moving average and stale count, and is
+            itself left out (:meth:`ModuleWatch.new_regime`; ``rule="egeria"``).
+    """
+
+    def __init__(self, window: int, tolerance_ratio: float, *, settle_ratio: float | None = None,
+                 regimes: bool = False) -> None:
+        self.window = window
+        self.tolerance_ratio = tolerance_ratio
+        self.settle_ratio = settle_ratio
+        self.regimes = regimes
+        self.watches: dict[int, ModuleWatch] = {}
+        self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
+
+    def read(self, index: int, plasticity: float, lr: float | None = None) -> Reading:
+        """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
+        not known) through its watch.
+
+        Raises:
+            ValueError: for a value that is not a finite number.
+        """
+        watch = self.watches.get(index)
+        if watch is None:
+            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
+        if self.regimes and lr is not None:
+            watch.new_regime(lr)
+        reading = watch.update(plasticity)
+        if reading.counted:
+            self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
+        return reading
+
+    def peak(self, index: int) -> float:
+        return self.peaks.get(index, 0.0)
+
+    def settled(self, index: int) -> bool:
+        """The rule says freeze: W stale readings, and (with ``settle_ratio``) a level at
+        most that share of the module's peak."""
+        watch = self.watches.get(index)
+        if watch is None or watch.stale < self.window:
+            return False
+        return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
+
+    def settled_front(self, indices: Sequence[int]) -> int:
+        """How many of ``indices`` (front first) have settled, counted from the front up to
+        the first that has not."""
+        count = 0
+        while count < len(indices) and self.settled(indices[count]):
+            count += 1
+        return count
+
+    def tolerance(self, index: int) -> float | None:
+        watch = self.watches.get(index)
+        return None if watch is None else watch.tolerance
+
+    def forget_before(self, index: int) -> None:
+        """Modules before ``index`` froze: their watches go (their peaks stay)."""
+        self.watches = {i: w for i, w in self.watches.items() if i >= index}
+
+    def restart(self, window: int) -> None:
+        """Every watch starts afresh with window ``window`` (the peaks stay)."""
+        self.window = window
+        self.watches = {}
+
+    def state_dict(self) -> dict:
+        return {
+            "window": self.window,
+            "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
+            "peaks": {str(i): v for i, v in self.peaks.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window = int(state["window"])
+        self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
+        self.peaks = {int(i): float(v) for i, v in state["peaks"].items()}
