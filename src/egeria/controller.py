@@ -1,10 +1,10 @@
 """The controller: turns evaluations into freezing decisions (paper 4.1.1, 4.2).
 
 It owns the reference model's life cycle (generation, refresh, quantization, execution)
-and feeds each reading to the freezing rule (:class:`~egeria.rule.FrontRule`). It knows nothing of queues, threads
-or clocks: the executors in :mod:`egeria.executors` feed it the same messages inline, in a
-thread or in a process, so the same sequence of evaluations gives the same decisions in
-all three.
+and feeds each reading to the freezing rule (:class:`~egeria.rule.FrontRule`). It knows
+nothing of queues, threads or clocks: the executors in :mod:`egeria.executors` feed it the
+same messages inline, in a thread or in a process, so the same sequence of evaluations
+gives the same decisions in all three.
 
 One evaluation, in two halves:
 
