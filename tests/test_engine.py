@@ -239,10 +239,11 @@ def test_single_module_model_is_rejected():
         egeria.Egeria(model, opt, total_steps=100)
 
 
-def test_eval_interval_none_needs_total_steps_by_the_first_step():
+def test_eval_interval_none_needs_total_steps_by_the_first_step_under_the_papers_rule():
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    eg = egeria.Egeria(model, opt)  # a framework may learn the length only when training starts
+    # a framework may learn the length only when training starts
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(rule="paper"))
     model(torch.randn(4, 8))
     with pytest.raises(ValueError, match=r"set_schedule\(total_steps=...\)"):
         idle_step(opt, eg)
@@ -323,10 +324,25 @@ def test_a_forward_that_catches_exceptions_cannot_swallow_the_early_stop():
 def test_eval_interval_follows_the_papers_guideline():
     model = Chain(depth=4)
     eg = egeria.Egeria(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=78_000, example_inputs=(torch.randn(2, 8),)
+        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=78_000, example_inputs=(torch.randn(2, 8),),
+        config=egeria.EgeriaConfig(rule="paper"),
     )
     assert len(eg.modules) == 7
     assert eg.eval_interval == 318  # 78,000 / (2 * 10) / 7 / 1.75 = 318.4
+
+
+def test_under_egerias_rule_n_is_min_eval_interval_whatever_the_length_and_needs_no_total_steps():
+    model = Chain(depth=4)
+    for total in (None, 600, 78_000):
+        eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=total,
+                           example_inputs=(torch.randn(2, 8),))
+        assert eg.eval_interval == 20 and eg.window == 3
+        eg.close()
+    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(4, 8))
+    idle_step(eg.optimizer, eg)  # no set_schedule needed
+    assert eg.steps == 1
+    eg.close()
 
 
 def test_close_removes_every_hook_and_unfreezes():
@@ -353,19 +369,20 @@ def test_close_keeping_modules_frozen_still_removes_every_hook():
 def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept():
     model = Chain(depth=4)
     short = egeria.Egeria(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400, example_inputs=(torch.randn(2, 8),)
+        model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400, example_inputs=(torch.randn(2, 8),),
+        config=egeria.EgeriaConfig(rule="paper"),
     )
     assert len(short.modules) == 7  # the guideline: 1,400 / (2 * 10) / 7 / 1.75 = 5.7
     assert short.eval_interval == 20  # min_eval_interval
     short.close()
     floor = egeria.Egeria(
         model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400,
-        config=egeria.EgeriaConfig(min_eval_interval=3), example_inputs=(torch.randn(2, 8),),
+        config=egeria.EgeriaConfig(rule="paper", min_eval_interval=3), example_inputs=(torch.randn(2, 8),),
     )
     assert floor.eval_interval == 5
     floor.close()
     explicit = egeria.Egeria(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), config=egeria.EgeriaConfig(eval_interval=2),
+        model, torch.optim.SGD(model.parameters(), lr=0.1), config=egeria.EgeriaConfig(rule="paper", eval_interval=2),
         example_inputs=(torch.randn(2, 8),),
     )
     assert explicit.eval_interval == 2

@@ -10,9 +10,29 @@ from tiny import Chain
 
 
 def partition_of(model, example, **config):
+    """The partition as built, without the rule's cap on the parameters frozen unless given."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(eval_interval=10, executor="inline", **config), example_inputs=example)
+    config = egeria.EgeriaConfig(eval_interval=10, executor="inline", **{"max_frozen_params": 1.0, **config})
+    eg = egeria.Egeria(model, opt, config=config, example_inputs=example)
     return eg, eg.partition
+
+
+def test_egerias_rule_freezes_at_most_the_leading_quarter_of_the_parameters_embedding_tables_aside():
+    from egeria.models import TransformerLM, resnet
+
+    net = resnet(depth=20, in_channels=1, num_classes=10)
+    _, capped = partition_of(net, (torch.randn(2, 1, 28, 28),), max_frozen_params=None)  # egeria's default, 0.25
+    # conv1..layer2.2 own 24.2% of ResNet-20's parameters; with layer3.0 it would be 45%.
+    assert capped.names[capped.freezable - 1] == "layer2.2" and capped.freezable == 5
+    _, paper = partition_of(net, (torch.randn(2, 1, 28, 28),), rule="paper", max_frozen_params=None)
+    assert paper.freezable == len(paper) - 1  # the paper's rule caps nothing
+    lm = TransformerLM(1000, d_model=32, n_heads=2, n_layers=6, d_ff=64, max_len=16, dropout=0.0)
+    _, lm_partition = partition_of(lm, (torch.randint(0, 1000, (2, 8)),), max_frozen_params=None)
+    # The token table (32,000 of the first module's parameters) is left out of the count;
+    # counted, the first module alone would be over a quarter and nothing could freeze.
+    assert lm_partition.names[0] == "embed..layers.0" and lm_partition.freezable >= 1
+    with pytest.raises(ValueError, match="max_frozen_params=1.5"):
+        egeria.EgeriaConfig(max_frozen_params=1.5)
 
 
 def weighted_blocks(model, partition, index=None):

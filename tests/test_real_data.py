@@ -32,7 +32,7 @@ def run(train_ds, test_ds, use_egeria: bool, seed: int = 0):
         train_ds, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(0.8 * EPOCHS * len(loader))], 0.1)
-    config = egeria.EgeriaConfig(eval_interval=3, window=5, executor="inline", reference_precision="int8")
+    config = egeria.EgeriaConfig(rule="paper", eval_interval=3, window=5, executor="inline", reference_precision="int8")
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched) if use_egeria else None
     train(model, opt, lambda: loader, classification_loss, epochs=EPOCHS, scheduler=sched, egeria=eg)
     model.eval()

@@ -314,16 +314,25 @@ def test_config_changed_from_the_defaults_shows_in_the_label(tmp_path: Path) -> 
     plain = _run(acc, "none", 0, [10, 20], [0.5, 0.9], 1000.0)
     plain["config"] = {"eval_interval": 10, "policy": "none"}  # Egeria's fields do not concern a baseline
     default = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0)
-    default["config"] = {"eval_interval": None, "window": 10, "policy": "egeria"}
+    default["config"] = {"eval_interval": None, "window": 3, "rule": "egeria", "policy": "egeria"}
     tuned = _run(acc, "egeria", 0, [10, 20], [0.5, 0.88], 800.0)
-    tuned["config"] = {"eval_interval": 10, "window": 10, "policy": "egeria", "not_a_field_any_more": 1}
+    tuned["config"] = {"eval_interval": 10, "window": 3, "rule": "egeria", "policy": "egeria", "not_a_field_any_more": 1}
     cached = json.loads(json.dumps(tuned))
     cached["cache"] = True
-    for name, run in (("plain", plain), ("default", default), ("tuned", tuned), ("cached", cached)):
+    # The paper's rule with its own defaults (W = 10), and a run from before rules existed.
+    paper = _run(acc, "egeria", 1, [10, 20], [0.5, 0.9], 900.0)
+    paper["config"] = {"eval_interval": None, "window": 10, "rule": "paper", "policy": "egeria"}
+    older = _run(acc, "egeria", 2, [10, 20], [0.5, 0.9], 900.0)
+    older["config"] = {"eval_interval": None, "window": 10, "policy": "egeria"}
+    runs = (("plain", plain), ("default", default), ("tuned", tuned), ("cached", cached), ("paper", paper), ("older", older))
+    for name, run in runs:
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     report = build_report(load_runs([tmp_path]), tmp_path / "report")
     labels = sorted(r["policy"] for r in report["tasks"][acc]["layouts"]["accel"]["rows"])
-    assert labels == ["egeria", "egeria[eval_interval=10]", "egeria[eval_interval=10]+cache", "none"]
+    assert labels == [
+        "egeria", "egeria[eval_interval=10]", "egeria[eval_interval=10]+cache", "egeria[rule=paper]", "egeria[rule=paper]",
+        "none",
+    ]
 
 
 # ------------------------------------------------------------------------------ layouts
@@ -432,11 +441,11 @@ def test_where_accel_runs_the_controller_is_the_layouts_not_the_label(tmp_path: 
     old_plain = _run(acc, "none", 0, [10, 20], [0.5, 0.9], 1000.0)  # format 1: accel by default
     old_plain["config"] = {"executor": "auto", "policy": "none"}
     old_egeria = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0)
-    old_egeria["config"] = {"executor": "process", "policy": "egeria"}
+    old_egeria["config"] = {"executor": "process", "policy": "egeria", "rule": "egeria"}
     new_egeria = _run(acc, "egeria", 1, [10, 20], [0.5, 0.9], 900.0, layout="accel")
-    new_egeria["config"] = {"executor": "process", "controller_cpus": [1], "policy": "egeria"}
+    new_egeria["config"] = {"executor": "process", "controller_cpus": [1], "policy": "egeria", "rule": "egeria"}
     cpu_process = _run(acc, "egeria", 0, [10, 20], [0.5, 0.9], 900.0, layout="cpu")
-    cpu_process["config"] = {"executor": "process", "policy": "egeria"}  # egeria bench --set executor=process
+    cpu_process["config"] = {"executor": "process", "policy": "egeria", "rule": "egeria"}  # --set executor=process
     rep = build_report([old_plain, old_egeria, new_egeria, cpu_process], tmp_path, plots=False)
     labels = {lay: sorted((r["policy"], r["seed"]) for r in data["rows"])
               for lay, data in rep["tasks"][acc]["layouts"].items()}  # fmt: skip

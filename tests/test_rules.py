@@ -3,6 +3,9 @@ reads several front modules from one forward pass; fixed and cut-down probe batc
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -102,7 +105,7 @@ def test_bad_rule_options_are_named():
     with pytest.raises(ValueError, match="watch_span=0"):
         egeria.EgeriaConfig(rule="egeria", watch_span=0)
     with pytest.raises(ValueError, match="watch_span=2 applies to rule='egeria'"):
-        egeria.EgeriaConfig(watch_span=2)
+        egeria.EgeriaConfig(rule="paper", watch_span=2)
     with pytest.raises(ValueError, match="probe_size=-1"):
         egeria.EgeriaConfig(probe_size=-1)
     with pytest.raises(ValueError, match="activation_mode='eval'"):
@@ -210,3 +213,36 @@ def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_peaks_ac
     copy = FrontRule(window=9, tolerance_ratio=0.2)
     copy.load_state_dict(rule.state_dict())
     assert copy.window == 3 and copy.peaks == rule.peaks
+
+
+def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_rule():
+    default = egeria.EgeriaConfig()
+    assert default.rule == "egeria"
+    assert (default.window, default.settle_ratio, default.unfreeze_lr_drop, default.max_frozen_params) == (
+        3, 0.1, math.inf, 0.25
+    )
+    paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
+    assert (paper.window, paper.settle_ratio, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
+    assert paper == egeria.EgeriaConfig(rule="paper")
+    mine = egeria.EgeriaConfig(rule="paper", window=5, settle_ratio=0.2)  # values given stay under either rule
+    assert (mine.replace(rule="egeria").window, mine.replace(rule="egeria").settle_ratio) == (5, 0.2)
+    assert mine.replace(rule="egeria").unfreeze_lr_drop == math.inf
+    baseline = egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 2})
+    assert baseline.max_frozen_params is None and baseline.unfreeze_lr_drop == 10.0  # a baseline is not capped
+    assert json.loads(json.dumps(default.to_dict()))["unfreeze_lr_drop"] == math.inf and "_from_rule" not in default.to_dict()
+
+
+def test_under_egerias_default_a_learning_rate_drop_unfreezes_nothing():
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[40], gamma=0.1)
+    # unfreeze_lr_drop left to the rule (never); no level condition, so modules freeze
+    # before the drop (with unfreeze_lr_drop=10 the drop at step 40 unfreezes them).
+    config = quick_config(rule="egeria", unfreeze_lr_drop=None, settle_ratio=1.0)
+    eg = egeria.Egeria(model, opt, config=config)
+    train(model, opt, eg, batches(1) * 80, scheduler=sched)
+    moves = [(d.step, d.action) for d in eg.events]
+    eg.close()
+    assert any(step < 40 and action == "freeze" for step, action in moves)
+    assert not any(action == "unfreeze" for _, action in moves)

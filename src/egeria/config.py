@@ -14,6 +14,13 @@ __all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS
 
 #: Freezing rules of Egeria's own policy.
 RULES = ("paper", "egeria")
+#: What the rule-dependent fields left at None become under each rule: the paper's
+#: Algorithm 1 as published, and Egeria's own rule (the evidence for each value is in
+#: benchmarks/README.md, "Why modules freeze late or never").
+RULE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "paper": {"window": 10, "unfreeze_lr_drop": 10.0, "settle_ratio": None, "max_frozen_params": None},
+    "egeria": {"window": 3, "unfreeze_lr_drop": math.inf, "settle_ratio": 0.1, "max_frozen_params": 0.25},
+}
 #: Precisions the reference model can run in.
 PRECISIONS = ("auto", "int8", "bf16", "fp32")
 REFERENCE_DEVICES = ("cpu", "model")
@@ -29,13 +36,20 @@ START_METHODS = (None, "fork", "spawn", "forkserver")
 class EgeriaConfig:
     """Knobs of knowledge-guided layer freezing (paper sections 3 and 4.2).
 
-    Every field has the paper's default. Values are checked when the config is built;
-    a bad one raises ``ValueError`` naming the field and the value.
+    The default rule is Egeria's own (``rule="egeria"``); ``rule="paper"`` is the paper's
+    Algorithm 1 with the paper's settings. ``window``, ``unfreeze_lr_drop``,
+    ``settle_ratio`` and ``max_frozen_params`` left at None take the rule's own values
+    (:data:`RULE_DEFAULTS`; a baseline ``policy`` takes the paper's, which cap nothing); a
+    value given is kept under either rule. Values are checked
+    when the config is built; a bad one raises ``ValueError`` naming the field and the value.
     """
 
     # n: steps between two plasticity evaluations, and between two looks at the loss
-    # during bootstrapping. None derives it from ``total_steps`` by the paper's guideline
-    # n = total_steps / (2 W) / modules / 1.75 (section 4.2.2).
+    # during bootstrapping. None: under the paper's rule, derived from ``total_steps`` by
+    # the paper's guideline n = total_steps / (2 W) / modules / 1.75 (section 4.2.2);
+    # under Egeria's, ``min_eval_interval`` (every module is read at once, so n sets how
+    # soon after its drift falls a module freezes, whatever the run's length). The cost
+    # budget may lengthen either.
     eval_interval: int | None = None
     # Floor of the derived n. The paper evaluates every ~10 to ~100 iterations (section
     # 3.2); its guideline gives n = 5 for a 1,400-step run, where a reading spans too few
@@ -45,8 +59,11 @@ class EgeriaConfig:
     # An explicit ``eval_interval`` is used as given.
     min_eval_interval: int = 20
     # W: evaluations with a low plasticity slope needed to freeze a module; also the
-    # length of the moving-average window and of the slope fit. Halved at each unfreeze.
-    window: int = 10
+    # length of the moving-average window and of the slope fit. Halved at each unfreeze
+    # under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
+    # freeze only once their drift is a tenth of its peak, see settle_ratio, so the W
+    # readings confirm a level rather than guard against noise at a high learning rate).
+    window: int | None = None
     # T = tolerance_ratio x the largest slope magnitude among a module's first three
     # readings: the per-module tolerance of the freezing rule.
     tolerance_ratio: float = 0.2
@@ -64,8 +81,10 @@ class EgeriaConfig:
     # is then bf16 (int8 kernels are CPU-only).
     reference_device: str = "cpu"
     # Unfreeze every module when the learning rate has dropped by this factor or more
-    # since the frontmost module froze (a 10x step decay by default).
-    unfreeze_lr_drop: float = 10.0
+    # since the frontmost module froze. None: the rule's own, 10 (paper: a 10x step decay)
+    # or never (egeria, math.inf: its modules freeze after a decay, and unfreezing then
+    # refreezing cost accuracy at full length).
+    unfreeze_lr_drop: float | None = None
     # Layer modules: None = automatic (building blocks grouped in execution order);
     # a list of module names; or a regular expression matched against module names.
     modules: Union[str, Sequence[str], None] = None
@@ -76,6 +95,11 @@ class EgeriaConfig:
     # guard that keeps the last stages training; on resnet-fmnist freezing all 7
     # freezable modules after the first LR drop cost 0.3-0.6 points (benchmarks/README.md).
     max_frozen: int | None = None
+    # At most the leading modules holding this share of the model's parameters ever
+    # freeze. None: the rule's own, no cap (paper) or 0.25 (egeria: the deep modules hold
+    # most parameters and keep learning at a low learning rate; on resnet-fmnist the
+    # stem and stages 1-2 hold 24% of them, and freezing stage 3 too cost 0.3 points).
+    max_frozen_params: float | None = None
     # Refresh the reference model from the training model every this many evaluations.
     # 1 (default) compares each reading against the snapshot of the previous evaluation,
     # so a reading measures how far the module moved in the last n steps.
@@ -94,7 +118,7 @@ class EgeriaConfig:
     # and keeps W; a learning rate 2x higher or lower than at a module's previous reading
     # restarts its moving average and stale count (a new regime; its tolerance stays),
     # and the reading spanning the change joins neither regime's average.
-    rule: str = "paper"
+    rule: str = "egeria"
     # Modules read at each evaluation under rule="egeria", from the frontmost active one
     # (None: every freezable module).
     watch_span: int | None = None
@@ -105,9 +129,10 @@ class EgeriaConfig:
     # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
     fixed_probe: bool = False
     # A module freezes only once its smoothed plasticity has also fallen to this share of
-    # the highest it had in the run (None: the slope alone decides, as in the paper). At a
-    # high learning rate the drift between readings is stationary SGD noise, flat but
-    # high; after a 10x rate drop it falls about 10x (benchmarks/README.md, rule study).
+    # the highest it had in the run. At a high learning rate the drift between readings is
+    # stationary SGD noise, flat but high; after a 10x rate drop it falls 10-100x
+    # (benchmarks/README.md, rule study). None: the rule's own, none (paper: the slope
+    # alone decides) or 0.1 (egeria); 1.0 turns the condition off under either rule.
     settle_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a
     # derived n, n is lengthened once, early, to keep within it (measured on the first
@@ -147,8 +172,21 @@ class EgeriaConfig:
     # A freeze decision is applied at most this many evaluation intervals (n steps each)
     # after the evaluation it came from; a later one is discarded and the watch restarts.
     max_lag_intervals: int = 2
+    # The rule-dependent fields that were left at None and took the rule's values (so
+    # that replace() with another rule takes that rule's).
+    _from_rule: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"EgeriaConfig.rule={self.rule!r} is not one of {', '.join(map(repr, RULES))}")
+        taken = []
+        # A baseline policy reads none of these; the paper's values leave it as it was
+        # (no parameter cap on which modules it freezes).
+        for name, value in RULE_DEFAULTS[self.rule if self.policy == "egeria" else "paper"].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+                taken.append(name)
+        object.__setattr__(self, "_from_rule", frozenset(taken))
         _check_optional_positive_int(self, "eval_interval")
         _check_positive_int(self, "min_eval_interval")
         _check_positive_int(self, "window")
@@ -167,10 +205,10 @@ class EgeriaConfig:
                 "(the last one, the head, is never frozen)"
             )
         _check_fraction(self, "tolerance_ratio", allow_above_one=True)
-        if self.rule not in RULES:
-            raise ValueError(f"EgeriaConfig.rule={self.rule!r} is not one of {', '.join(map(repr, RULES))}")
         if self.settle_ratio is not None:
             _check_fraction(self, "settle_ratio", allow_above_one=False)
+        if self.max_frozen_params is not None:
+            _check_fraction(self, "max_frozen_params", allow_above_one=False)
         if self.cost_budget is not None:
             _check_fraction(self, "cost_budget", allow_above_one=False)
         _check_optional_positive_int(self, "watch_span")
@@ -192,10 +230,10 @@ class EgeriaConfig:
                 f"see; it needs activation_mode='eval', not {self.activation_mode!r}"
             )
         _check_fraction(self, "bootstrap_change_rate", allow_above_one=True)
-        if not _finite_number(self.unfreeze_lr_drop) or self.unfreeze_lr_drop <= 1.0:
+        if not (_finite_number(self.unfreeze_lr_drop) or self.unfreeze_lr_drop == math.inf) or self.unfreeze_lr_drop <= 1.0:
             raise ValueError(
                 f"EgeriaConfig.unfreeze_lr_drop={self.unfreeze_lr_drop!r} must be a number > 1 "
-                "(the factor by which the learning rate must fall)"
+                "(the factor by which the learning rate must fall; math.inf: never)"
             )
         if self.reference_precision not in PRECISIONS:
             raise ValueError(
@@ -267,16 +305,18 @@ class EgeriaConfig:
             )
 
     def replace(self, **changes: Any) -> EgeriaConfig:
-        """A copy with ``changes`` applied and validated; an unknown field raises ValueError."""
-        known = {f.name for f in fields(self)}
+        """A copy with ``changes`` applied and validated; an unknown field raises ValueError.
+        Fields that took the rule's values still follow the rule (another ``rule`` gives
+        its own)."""
+        known = {f.name for f in fields(self) if f.init}
         unknown = sorted(set(changes) - known)
         if unknown:
             raise ValueError(f"EgeriaConfig has no field {unknown[0]!r}; fields: {', '.join(sorted(known))}")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{**{name: None for name in self._from_rule}, **changes})
 
     def to_dict(self) -> dict:
         """The config as a JSON-safe dict (``modules`` as a string or a list)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         if out["modules"] is not None and not isinstance(out["modules"], str):
             out["modules"] = list(out["modules"])
         out["policy_options"] = dict(out["policy_options"])

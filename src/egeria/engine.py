@@ -446,9 +446,13 @@ class Egeria:
         return self._partition
 
     def _capped(self, partition: Partition) -> Partition:
-        """``partition`` with at most ``config.max_frozen`` freezable modules."""
+        """``partition`` with at most ``config.max_frozen`` freezable modules and, under
+        Egeria's own policy, holding at most ``config.max_frozen_params`` of the parameters
+        (a rule setting: a baseline or a policy object of the user's is not capped by it)."""
         if self.config.max_frozen is not None:
             partition.freezable = min(partition.freezable, self.config.max_frozen)
+        if self.config.max_frozen_params is not None and isinstance(self.policy, KnowledgeGuided):
+            partition.freezable = min(partition.freezable, partition.leading_within(self.model, self.config.max_frozen_params))
         return partition
 
     def _finished_order(self) -> list[str] | None:

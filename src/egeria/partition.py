@@ -123,6 +123,28 @@ class Partition:
         _check_coverage(model, partition)
         return partition
 
+    def leading_within(self, model: nn.Module, share: float) -> int:
+        """How many leading freezable modules together own at most ``share`` of the
+        model's parameters, embedding tables left out (a lookup table is large, computes
+        nothing and is updated sparsely; counted, an LM's token embedding would make its
+        first layer look like most of the model)."""
+        tables = {
+            f"{name}.{p}" if name else p
+            for name, mod in model.named_modules()
+            if isinstance(mod, (nn.Embedding, nn.EmbeddingBag))
+            for p, _ in mod.named_parameters(recurse=False)
+        }
+        params = dict(model.named_parameters())
+        sizes = [sum(params[p].numel() for p in m.params if p not in tables) for m in self.modules]
+        total = sum(sizes)
+        count = running = 0
+        for size in sizes[: self.freezable]:
+            running += size
+            if running > share * total:
+                break
+            count += 1
+        return count
+
 
 def partition_model(
     model: nn.Module,

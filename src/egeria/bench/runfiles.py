@@ -31,7 +31,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from ..config import EgeriaConfig
+from ..config import RULES, EgeriaConfig
 from .layouts import LAYOUTS, LEGACY_LAYOUT, layout_of_path, split_layout_prefix
 
 __all__ = ["RUN_FORMAT", "RUN_FORMATS", "load_runs", "check_run", "layout_name", "policy_label"]
@@ -79,14 +79,21 @@ def policy_label(run: dict) -> str:
 
 
 def _changed_fields(config: dict, layout: Any) -> dict:
-    """Fields of a recorded config that differ from today's defaults (the policy aside, and
-    under ``"accel"`` where the controller runs, which is the layout's); fields it does not
-    record are left out."""
-    defaults = EgeriaConfig().to_dict()
+    """Fields of a recorded config that differ from today's defaults for the rule it ran
+    (the policy aside, and under ``"accel"`` where the controller runs, which is the
+    layout's); fields it does not record are left out. The rule shows where it is not
+    today's default one; a run that records no rule predates them and ran the paper's."""
+    if not config:
+        return {}  # a run that records no config says nothing about it
+    rule = config.get("rule", "paper")
+    defaults = EgeriaConfig(rule=rule if rule in RULES else EgeriaConfig().rule).to_dict()
     skip = {"policy", "policy_options"}
     if isinstance(layout, dict) and layout.get("name") == "accel":
         skip |= {"executor", "controller_cpus"}
-    return {k: v for k, v in config.items() if k in defaults and k not in skip and v != defaults[k]}
+    changed = {k: v for k, v in config.items() if k in defaults and k not in skip and v != defaults[k]}
+    if rule != EgeriaConfig().rule:
+        changed["rule"] = rule
+    return changed
 
 
 def load_runs(paths: Iterable[str | PathLike[str]] | str | PathLike[str]) -> list[dict]:

@@ -98,8 +98,9 @@ class KnowledgeGuided:
 
     @property
     def requires_total_steps(self) -> bool:
-        """n is derived from the run's length unless ``eval_interval`` is set."""
-        return self.config.eval_interval is None
+        """Under the paper's rule n is derived from the run's length unless
+        ``eval_interval`` is set."""
+        return self.config.eval_interval is None and self.config.rule == "paper"
 
     # -- FreezePolicy -----------------------------------------------------------------
 
@@ -163,10 +164,15 @@ class KnowledgeGuided:
     # -- the steps of target() ----------------------------------------------------------
 
     def planned_interval(self, total_steps: int | None, num_modules: int) -> int | None:
-        """n for a run of ``total_steps`` over ``num_modules`` layer modules: the config's,
-        else the guideline's with the ``min_eval_interval`` floor (None: not known yet)."""
+        """n for a run of ``total_steps`` over ``num_modules`` layer modules: the config's;
+        else, under the paper's rule, the guideline's with the ``min_eval_interval`` floor
+        (None: not known yet); under Egeria's, ``min_eval_interval`` (its modules are all
+        read at once and freeze W + 1 readings after their drift has fallen, so n sets
+        that delay, whatever the run's length; the cost budget may lengthen it)."""
         if self.eval_interval is not None:
             return self.eval_interval
+        if self.config.rule == "egeria":
+            return self.config.min_eval_interval
         if total_steps is None:
             return None
         return max(derive_eval_interval(total_steps, self.config.window, num_modules), self.config.min_eval_interval)
@@ -177,7 +183,8 @@ class KnowledgeGuided:
             modules = len(self._binding.partition)
             self.eval_interval = self.planned_interval(info.total_steps, modules)
             assert self.eval_interval is not None
-            if self.eval_interval > derive_eval_interval(info.total_steps or 0, self.config.window, modules):
+            guideline = derive_eval_interval(info.total_steps or 0, self.config.window, modules)
+            if self.config.rule == "paper" and self.eval_interval > guideline:
                 logger.info(
                     "the guideline gives a shorter n for %s steps; using min_eval_interval=%d, so fewer "
                     "modules may be evaluated for freezing in this run",
