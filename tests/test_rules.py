@@ -229,7 +229,9 @@ def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_ru
     assert mine.replace(rule="egeria").unfreeze_lr_drop == math.inf
     baseline = egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 2})
     assert baseline.max_frozen_params is None and baseline.unfreeze_lr_drop == 10.0  # a baseline is not capped
-    assert json.loads(json.dumps(default.to_dict()))["unfreeze_lr_drop"] == math.inf and "_from_rule" not in default.to_dict()
+    written = json.loads(json.dumps(default.to_dict(), allow_nan=False))  # strict JSON: no infinity
+    assert written["unfreeze_lr_drop"] == "inf" and "_from_rule" not in written
+    assert egeria.EgeriaConfig(**written) == default
 
 
 def test_under_egerias_default_a_learning_rate_drop_unfreezes_nothing():

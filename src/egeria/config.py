@@ -82,9 +82,9 @@ class EgeriaConfig:
     reference_device: str = "cpu"
     # Unfreeze every module when the learning rate has dropped by this factor or more
     # since the frontmost module froze. None: the rule's own, 10 (paper: a 10x step decay)
-    # or never (egeria, math.inf: its modules freeze after a decay, and unfreezing then
-    # refreezing cost accuracy at full length).
-    unfreeze_lr_drop: float | None = None
+    # or never (egeria, math.inf, written "inf" by to_dict(): its modules freeze after a
+    # decay, and unfreezing then refreezing cost accuracy at full length).
+    unfreeze_lr_drop: float | str | None = None
     # Layer modules: None = automatic (building blocks grouped in execution order);
     # a list of module names; or a regular expression matched against module names.
     modules: Union[str, Sequence[str], None] = None
@@ -187,6 +187,8 @@ class EgeriaConfig:
                 object.__setattr__(self, name, value)
                 taken.append(name)
         object.__setattr__(self, "_from_rule", frozenset(taken))
+        if self.unfreeze_lr_drop == "inf":  # as to_dict() writes math.inf (JSON has no infinity)
+            object.__setattr__(self, "unfreeze_lr_drop", math.inf)
         _check_optional_positive_int(self, "eval_interval")
         _check_positive_int(self, "min_eval_interval")
         _check_positive_int(self, "window")
@@ -320,6 +322,8 @@ class EgeriaConfig:
         if out["modules"] is not None and not isinstance(out["modules"], str):
             out["modules"] = list(out["modules"])
         out["policy_options"] = dict(out["policy_options"])
+        if out["unfreeze_lr_drop"] == math.inf:
+            out["unfreeze_lr_drop"] = "inf"  # never; strict JSON has no infinity
         if out["controller_cpus"] is not None:
             out["controller_cpus"] = list(out["controller_cpus"])
         return out
