@@ -11,9 +11,9 @@ The model is built from a ``GPT2Config`` (nothing is downloaded); its input embe
 tied to its output layer, so the front module freezes with the embedding lookup detached
 and the shared weight keeps training through ``lm_head``. The text is generated here: a
 random first-order Markov chain over ``--vocab`` tokens, a language a small model learns
-in a few hundred steps. The learning rate is constant: with a decaying schedule, Egeria's
-default rule unfreezes everything once the learning rate has dropped tenfold since the
-first freeze.
+in a few hundred steps. The learning rate is constant, so the example uses the paper's rule
+(``rule="paper"``): Egeria's default rule freezes a module once its drift has fallen to a
+tenth of its peak, which in practice comes after a learning-rate decay.
 """
 
 from __future__ import annotations
@@ -92,10 +92,11 @@ def main() -> None:
         parser.error("under torchrun pass --out, a folder every rank sees (rank 0 writes the checkpoints)")
     args.out = args.out or tempfile.mkdtemp(prefix="egeria-hf-")
 
-    # A short run: evaluate plasticity every 4 steps over windows of 4 readings (the
-    # defaults derive n from max_steps for runs of thousands of steps); no cost budget,
-    # since a toy model's step is too short to hide a reading.
-    config = EgeriaConfig(eval_interval=4, window=4, cost_budget=None)
+    # A short run at a constant learning rate: the paper's rule, evaluating plasticity every
+    # 4 steps over windows of 4 readings (the paper derives n from max_steps for runs of
+    # thousands of steps); no cost budget, since a toy model's step is too short to hide a
+    # reading.
+    config = EgeriaConfig(rule="paper", eval_interval=4, window=4, cost_budget=None)
     callback = EgeriaCallback(config, on_change=lambda d: print(f"  step {d.step}: {d.action} {d.modules} ({d.reason})"))
     print(f"training {args.steps} steps into {args.out}")
     trainer = build_trainer(args, callback)

@@ -10,10 +10,11 @@ files in ``/usr/share/datasets/fashion-mnist`` or ``--data``)::
 
 The LightningModule keeps its network in ``self.net``, which ``EgeriaCallback(module="net")``
 splits into layer modules and freezes; Lightning itself calls the LightningModule with
-``(batch, batch_idx)``. The schedule is a 10x step decay at 70% of the epochs: Egeria's
-default rule unfreezes everything there, and the front freezes again once it has
-converged at the lower rate. The evaluation interval and window are shortened from their
-defaults (derived from the run's length) so that a run this short shows freezing.
+``(batch, batch_idx)``. The schedule is a 10x step decay at 70% of the epochs. The example
+runs the paper's rule (``rule="paper"``), which unfreezes everything at the decay and
+freezes the front again once it has converged at the lower rate, with the evaluation
+interval and window shortened so that a run this short shows both; Egeria's default rule
+would freeze only after the decay and keep it frozen.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def main() -> None:
     val = DataLoader(load_fashion_mnist(args.data, "test", limit=1024), batch_size=256)
     out = args.out or tempfile.mkdtemp(prefix="egeria-lightning-")
     # A reading every 5 steps costs more than the default 1% budget in a run this short.
-    config = EgeriaConfig(eval_interval=5, window=5, cost_budget=None)
+    config = EgeriaConfig(rule="paper", eval_interval=5, window=5, cost_budget=None)
     callback = EgeriaCallback(config, module="net")
     drop_epoch = max(1, round(args.epochs * 0.7))
     model = FashionClassifier(drop_epoch)
