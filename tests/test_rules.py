@@ -219,7 +219,7 @@ def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_ru
     default = egeria.EgeriaConfig()
     assert default.rule == "egeria"
     assert (default.window, default.settle_ratio, default.unfreeze_lr_drop, default.max_frozen_params) == (
-        3, 0.1, math.inf, 0.25
+        3, 0.03, math.inf, 0.25
     )
     paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
     assert (paper.window, paper.settle_ratio, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
