@@ -57,7 +57,7 @@ class DemoSettings:
     lr_drops: tuple[float, ...] = (0.5, 0.75)
 
 
-#: The full demo: about 3 minutes per run on two CPU cores.
+#: The full demo: about 4 minutes per run on two CPU cores (with evaluation, 9 in all).
 FULL = DemoSettings()
 #: A smoke-test run of a few seconds of training.
 QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2)
