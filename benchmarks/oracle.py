@@ -48,20 +48,16 @@ def snapshots_of(run_path: Path) -> dict[int, Path]:
 
 
 @torch.no_grad()
-def distances(run_path: Path, probe_size: int) -> tuple[list[str], list[int], list[list[float]]]:
+def distances(model: torch.nn.Module, run_path: Path, probe_size: int) -> tuple[list[str], list[int], list[list[float]]]:
     """(module names, steps, distance[step][module]) of the run's snapshots to its final
-    weights."""
+    weights, loaded in turn into ``model`` (the task's)."""
     import egeria
     from egeria.data import load_fashion_mnist
-    from egeria.models import resnet
     from egeria.similarity import sp_loss
     from egeria.truncated import outputs_until
 
-    run = json.loads(run_path.read_text())
-    if run["task"] != "resnet-fmnist":
-        raise SystemExit(f"{run_path}: task {run['task']!r}; the oracle study reads resnet-fmnist runs")
     probe = load_fashion_mnist(split="test", limit=probe_size).tensors[0]
-    model = resnet(depth=20, in_channels=1, num_classes=10).eval()
+    model.eval()
     partition = egeria.partition_model(model, (probe[:4],))
     blocks = [m.output_block for m in partition.modules[: partition.freezable]]
     names = partition.names[: partition.freezable]
@@ -111,11 +107,15 @@ def main() -> None:
     print(command)
     machine = describe_machine()
     print(machine)
-    torch.manual_seed(0)
-    names, steps, table = distances(args.plain.resolve(), args.probe)
+    from egeria.bench.tasks import build_task
+
     plain = json.loads(args.plain.read_text())
-    total = plain["total_steps"]
-    drops = [total // 2, total * 3 // 4]  # resnet-fmnist's schedule (egeria.bench.tasks)
+    if plain["task"] != "resnet-fmnist":
+        raise SystemExit(f"{args.plain}: task {plain['task']!r}; the oracle study reads resnet-fmnist runs")
+    # The run's own model and schedule, built as the benchmark built them.
+    task, _ = build_task(plain["task"], seed=plain["seed"], epochs=plain["epochs"], limit=plain.get("limit"), eval_limit=1)
+    drops = sorted(task.scheduler.milestones)
+    names, steps, table = distances(task.model, args.plain.resolve(), args.probe)
     eg_runs = [egeria_run(p.resolve()) for p in args.egeria]
     landmarks = {"first LR drop": drops[0], "second LR drop": drops[1]}
     for i, run in enumerate(eg_runs):

@@ -61,7 +61,7 @@ class EgeriaConfig:
     # W: evaluations with a low plasticity slope needed to freeze a module; also the
     # length of the moving-average window and of the slope fit. Halved at each unfreeze
     # under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
-    # freeze only once their drift is a tenth of its peak, see settle_ratio, so the W
+    # freeze only once their drift has fallen to settle_ratio of its peak, so the W
     # readings confirm a level rather than guard against noise at a high learning rate).
     window: int | None = None
     # T = tolerance_ratio x the largest slope magnitude among a module's first three

@@ -85,13 +85,13 @@ def _changed_fields(config: dict, layout: Any) -> dict:
     today's default one; a run that records no rule predates them and ran the paper's."""
     if not config:
         return {}  # a run that records no config says nothing about it
-    rule = config.get("rule", "paper")
-    defaults = EgeriaConfig(rule=rule if rule in RULES else EgeriaConfig().rule).to_dict()
+    rule, today = config.get("rule", "paper"), EgeriaConfig().rule
+    defaults = EgeriaConfig(rule=rule if rule in RULES else today).to_dict()
     skip = {"policy", "policy_options"}
     if isinstance(layout, dict) and layout.get("name") == "accel":
         skip |= {"executor", "controller_cpus"}
     changed = {k: v for k, v in config.items() if k in defaults and k not in skip and v != defaults[k]}
-    if rule != EgeriaConfig().rule:
+    if rule != today:
         changed["rule"] = rule
     return changed
 

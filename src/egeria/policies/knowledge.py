@@ -183,8 +183,9 @@ class KnowledgeGuided:
             modules = len(self._binding.partition)
             self.eval_interval = self.planned_interval(info.total_steps, modules)
             assert self.eval_interval is not None
-            guideline = derive_eval_interval(info.total_steps or 0, self.config.window, modules)
-            if self.config.rule == "paper" and self.eval_interval > guideline:
+            if self.config.rule == "paper" and self.eval_interval > derive_eval_interval(
+                info.total_steps or 0, self.config.window, modules
+            ):
                 logger.info(
                     "the guideline gives a shorter n for %s steps; using min_eval_interval=%d, so fewer "
                     "modules may be evaluated for freezing in this run",
