@@ -269,17 +269,19 @@ def test_a_model_that_is_not_a_chain_at_the_boundary_is_not_served(caplog):
 
 
 def test_serving_stops_where_reading_is_slower_than_computing(monkeypatch, caplog):
-    from egeria.cache.store import MemoryTable
+    """Served forward passes measured slower than computed ones: after its trial the cache
+    computes. The measured times are replaced by forced ones at the decision (a wall-clock
+    race between a slowed read and a forward pass would depend on the machine's load)."""
+    from egeria.cache.manager import ActivationCache
 
-    read = MemoryTable.read
+    decide = ActivationCache._decide
 
-    def slow_read(self, keys):
-        import time
+    def decide_on_forced_timings(self, level):
+        level.compute_s = [0.001] * len(level.compute_s)  # computing the prefix: 1 ms
+        level.serve_s = [1.0] * len(level.serve_s)  # serving from the cache: 1 s
+        decide(self, level)
 
-        time.sleep(0.05)
-        return read(self, keys)
-
-    monkeypatch.setattr(MemoryTable, "read", slow_read)
+    monkeypatch.setattr(ActivationCache, "_decide", decide_on_forced_timings)
     plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
     with caplog.at_level(logging.INFO, logger="egeria"):
         cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=6, cache={"serve": "auto", "prefetch": 0})
