@@ -1,0 +1,73 @@
+"""One arm of the demo, for accuracy studies of Egeria's settings (not timed against plain):
+the demo's data, model, schedule and seeded batch order, Egeria under ``EgeriaConfig`` with
+the fields given changed, or plain training.
+
+    .venv/bin/python benchmarks/demo_arm.py SEED egeria unfreeze_lr_drop=10 [FIELD=VALUE ...]
+    .venv/bin/python benchmarks/demo_arm.py SEED plain
+
+Prints one JSON line: the seed, the arm, the changed fields, the per-epoch test accuracy,
+the training time, the mean training loss over the last LR phase, Egeria's decisions, and
+how many steps its losses matched those of the committed demo's plain arm of that seed
+(``benchmarks/results/demo/seedS/demo.json``; the two arms match until the first freeze when
+the machine and thread count are the same), with that arm's last-phase loss beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    import egeria.demo as demo
+    from egeria import EgeriaConfig
+    from egeria.data import load_fashion_mnist
+    from egeria.models import resnet
+
+    if len(argv) < 2 or argv[1] not in ("plain", "egeria"):
+        raise SystemExit(__doc__)
+    seed, arm = int(argv[0]), argv[1]
+    changed = {}
+    for item in argv[2:]:
+        field, _, text = item.partition("=")
+        try:
+            changed[field] = json.loads(text)
+        except json.JSONDecodeError:
+            changed[field] = text
+    s = demo.FULL
+    train_data = load_fashion_mnist(split="train", limit=s.train_limit).tensors
+    test = load_fashion_mnist(split="test", limit=s.test_limit).tensors
+    steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
+    total = steps_per_epoch * s.epochs
+    drops = sorted({max(1, int(share * total)) for share in s.lr_drops})
+    torch.manual_seed(seed)
+    initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
+    config = EgeriaConfig(**changed) if arm == "egeria" else None
+    record, extra = demo._train(arm, initial, train_data, test, s, seed, drops, config, total, False)
+    losses = record["losses"]
+    last = drops[-1]
+    result = {
+        "seed": seed, "arm": arm, "changed": changed,
+        "accuracy": [round(100 * e["test_accuracy"], 2) for e in record["epochs"]],
+        "train_time_s": round(record["train_time_s"], 1),
+        "last_phase_loss": round(sum(losses[last:]) / len(losses[last:]), 4),
+        "events": [(e["step"], e["action"], e["modules"]) for e in extra.get("events", [])],
+    }
+    committed = ROOT / f"benchmarks/results/demo/seed{seed}/demo.json"
+    if committed.exists():
+        plain = json.loads(committed.read_text())["runs"]["plain"]["losses"]
+        result["matches_committed_plain_through"] = next(
+            (i for i, (a, b) in enumerate(zip(losses, plain)) if a != b), min(len(losses), len(plain))
+        )
+        result["committed_plain_last_phase_loss"] = round(sum(plain[last:]) / len(plain[last:]), 4)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
