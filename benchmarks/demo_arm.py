@@ -23,12 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str]) -> None:
-    import torch
-
     import egeria.demo as demo
     from egeria import EgeriaConfig
-    from egeria.data import load_fashion_mnist
-    from egeria.models import resnet
 
     if len(argv) < 2 or argv[1] not in ("plain", "egeria"):
         raise SystemExit(__doc__)
@@ -41,13 +37,8 @@ def main(argv: list[str]) -> None:
         except json.JSONDecodeError:
             changed[field] = text
     s = demo.FULL
-    train_data = load_fashion_mnist(split="train", limit=s.train_limit).tensors
-    test = load_fashion_mnist(split="test", limit=s.test_limit).tensors
-    steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
-    total = steps_per_epoch * s.epochs
-    drops = sorted({max(1, int(share * total)) for share in s.lr_drops})
-    torch.manual_seed(seed)
-    initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
+    train_data, test, initial, drops = demo.prepare(s, seed)
+    total = math.ceil(len(train_data[1]) / s.batch_size) * s.epochs
     config = EgeriaConfig(**changed) if arm == "egeria" else None
     record, extra = demo._train(arm, initial, train_data, test, s, seed, drops, config, total, False)
     losses = record["losses"]
@@ -62,9 +53,7 @@ def main(argv: list[str]) -> None:
     committed = ROOT / f"benchmarks/results/demo/seed{seed}/demo.json"
     if committed.exists():
         plain = json.loads(committed.read_text())["runs"]["plain"]["losses"]
-        result["matches_committed_plain_through"] = next(
-            (i for i, (a, b) in enumerate(zip(losses, plain)) if a != b), min(len(losses), len(plain))
-        )
+        result["matches_committed_plain_through"] = demo.identical_through(losses, plain)
         result["committed_plain_last_phase_loss"] = round(sum(plain[last:]) / len(plain[last:]), 4)
     print(json.dumps(result))
 

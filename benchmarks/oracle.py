@@ -107,13 +107,12 @@ def main() -> None:
     print(command)
     machine = describe_machine()
     print(machine)
-    from egeria.bench.tasks import build_task
+    from egeria.bench.tasks import task_of_run
 
     plain = json.loads(args.plain.read_text())
     if plain["task"] != "resnet-fmnist":
         raise SystemExit(f"{args.plain}: task {plain['task']!r}; the oracle study reads resnet-fmnist runs")
-    # The run's own model and schedule, built as the benchmark built them.
-    task, _ = build_task(plain["task"], seed=plain["seed"], epochs=plain["epochs"], limit=plain.get("limit"), eval_limit=1)
+    task = task_of_run(plain)  # the run's own model and schedule
     drops = sorted(task.scheduler.milestones)
     names, steps, table = distances(task.model, args.plain.resolve(), args.probe)
     eg_runs = [egeria_run(p.resolve()) for p in args.egeria]

@@ -48,13 +48,15 @@ def from_demo(path: Path) -> dict:
 
 
 def from_runs(plain_path: Path, egeria_path: Path) -> dict:
-    from egeria.bench.tasks import build_task
+    from egeria.bench.tasks import task_of_run
 
     plain, egeria = (json.loads(p.read_text()) for p in (plain_path, egeria_path))
     for key in ("task", "seed", "epochs", "limit"):
         if plain.get(key) != egeria.get(key):
             raise SystemExit(f"{plain_path} and {egeria_path} differ in {key}: {plain.get(key)!r} against {egeria.get(key)!r}")
-    task, _ = build_task(plain["task"], seed=plain["seed"], epochs=plain["epochs"], limit=plain.get("limit"), eval_limit=1)
+    task = task_of_run(plain)
+    if not hasattr(task.scheduler, "milestones"):
+        raise SystemExit(f"{plain_path}: task {plain['task']!r} has no step decays ({type(task.scheduler).__name__}) to cut phases at")
     freezes = [e["step"] for e in egeria["events"] if e["action"] == "freeze"]
     records = lambda run: [(r["step"], r["loss"]) for r in run["records"]]  # noqa: E731 - each record: mean loss since the previous one
     return {

@@ -34,9 +34,9 @@ OUT = ROOT / "benchmarks/results/rule_replay"
 
 def schedule(run: dict) -> dict[int, float]:
     """Step -> the learning rate that step trained at, from the task's own scheduler."""
-    from egeria.bench.tasks import build_task
+    from egeria.bench.tasks import task_of_run
 
-    task, _ = build_task(run["task"], seed=run["seed"], epochs=run["epochs"], limit=run.get("limit"), eval_limit=1)
+    task = task_of_run(run)
     rates = {}
     for step in range(1, run["total_steps"] + 1):
         rates[step] = task.optimizer.param_groups[0]["lr"]

@@ -4,8 +4,8 @@ Both runs start from the same initial weights and see the same batches in the sa
 the only difference is that the second one calls :meth:`egeria.Egeria.step` after each
 optimizer step. Each run trains in a fresh process of its own with the caller's torch
 thread count, so neither inherits the other's allocator and cache state: on a 2-core VM
-the first run of a process was up to 15% faster than a second one of the same work. The two runs are bit-identical until Egeria's first freeze, which the
-demo checks and reports. It prints the machine and a table (training wall time, final
+the first run of a process was up to 15% faster than a second one of the same work. The
+two runs are bit-identical until Egeria's first freeze, which the demo checks and reports. It prints the machine and a table (training wall time, final
 test accuracy, time-to-target speedup, when each layer module froze and unfroze), and
 writes ``demo.png`` (frozen share of parameters over steps; accuracy vs. wall time) and
 ``demo.json`` (every recorded number) into ``out_dir``.
@@ -35,7 +35,7 @@ from .engine import Egeria
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
 
-__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report"]
+__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "prepare", "identical_through"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,14 +108,9 @@ def run_demo(
     _echo(stream, f"command: {command}")
     _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
 
-    from .data import load_fashion_mnist
-
-    data_kw = {} if data_root is None else {"root": data_root}
-    train_data = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
-    test = load_fashion_mnist(split="test", limit=s.test_limit, **data_kw).tensors
+    train_data, test, initial, milestones = prepare(s, seed, data_root)
     steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
     total_steps = steps_per_epoch * s.epochs
-    milestones = sorted({max(1, int(share * total_steps)) for share in s.lr_drops})
     config = EgeriaConfig()  # Egeria's defaults, nothing hand-picked
     _echo(
         stream,
@@ -126,10 +121,6 @@ def run_demo(
         f"{config.executor!r}, cost budget {config.cost_budget:.0%}) and its activation cache",
     )
 
-    from .models import resnet
-
-    torch.manual_seed(seed)
-    initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
     runs: dict[str, dict] = {}
     extras: dict[str, Any] = {}
     for name in ("plain", "egeria"):
@@ -162,6 +153,29 @@ def run_demo(
     (out / "demo.json").write_text(json.dumps(result, indent=1, allow_nan=False))
     _echo(stream, format_report(result))
     return result
+
+
+def prepare(
+    s: DemoSettings, seed: int, data_root: str | Path | None = None
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor], dict[str, torch.Tensor], list[int]]:
+    """What both arms of a demo share: (training tensors, test tensors, the seed's initial
+    ResNet-20 weights, the steps at which the learning rate drops)."""
+    from .data import load_fashion_mnist
+    from .models import resnet
+
+    data_kw = {} if data_root is None else {"root": data_root}
+    train_data = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
+    test = load_fashion_mnist(split="test", limit=s.test_limit, **data_kw).tensors
+    total_steps = math.ceil(len(train_data[1]) / s.batch_size) * s.epochs
+    milestones = sorted({max(1, int(share * total_steps)) for share in s.lr_drops})
+    torch.manual_seed(seed)
+    initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
+    return train_data, test, initial, milestones
+
+
+def identical_through(a: list[float], b: list[float]) -> int:
+    """How many leading steps two runs' per-step losses are bit-identical for."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _in_fresh_process(fn: Any, *args: Any) -> Any:
@@ -311,9 +325,7 @@ def _summary(runs: dict[str, dict], steps_per_epoch: int) -> dict:
     plain_ttt = _time_to_target(plain["epochs"], target)
     eg_ttt = _time_to_target(eg["epochs"], target)
     first_freeze = next((e["step"] for e in eg["events"] if e["action"] == "freeze"), None)
-    same_until = next(
-        (i for i, (a, b) in enumerate(zip(plain["losses"], eg["losses"])) if a != b), len(plain["losses"])
-    )
+    same_until = identical_through(plain["losses"], eg["losses"])
     return {
         "target_accuracy": target,
         "time_to_target_s": {"plain": plain_ttt, "egeria": eg_ttt},

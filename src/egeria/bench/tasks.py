@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from ..harness import classification_loss
 
-__all__ = ["Task", "TASKS", "build_task"]
+__all__ = ["Task", "TASKS", "build_task", "task_of_run"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -77,6 +77,14 @@ def build_task(
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
     return TASKS[name](seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
+
+
+def task_of_run(run: Mapping[str, Any]) -> Task:
+    """The task a run file (``egeria bench``'s JSON) trained, rebuilt with its seed, epochs
+    and training-set limit, for studies of the run (its model, optimizer and schedule);
+    evaluation on one sample, since a study does not evaluate it."""
+    task, _ = build_task(run["task"], seed=run["seed"], epochs=run["epochs"], limit=run.get("limit"), eval_limit=1)
+    return task
 
 
 def _loader(dataset, batch_size: int, seed: int) -> Callable[[], Iterable[Batch]]:
