@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import egeria
+from egeria.decays import decays_ahead
 from egeria.executors import InlineExecutor
 from egeria.protocol import Readout, Request
 from egeria.reference import ReferenceModel
@@ -248,3 +249,105 @@ def test_under_egerias_default_a_learning_rate_drop_unfreezes_nothing():
     eg.close()
     assert any(step < 40 and action == "freeze" for step, action in moves)
     assert not any(action == "unfreeze" for _, action in moves)
+
+
+def _stepped(scheduler, steps: int) -> None:
+    for _ in range(steps):
+        scheduler.optimizer.step()
+        scheduler.step()
+
+
+def test_decays_ahead_counts_the_decays_a_step_schedule_states_and_still_has_to_come():
+    def optimizer():
+        return torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+
+    multistep = torch.optim.lr_scheduler.MultiStepLR(optimizer(), milestones=[3, 5], gamma=0.1)
+    counts = []
+    for _ in range(7):
+        counts.append(decays_ahead(multistep))
+        _stepped(multistep, 1)
+    assert counts == [2, 2, 2, 1, 1, 0, 0]  # in the scheduler's own steps, whatever they stand for
+    opt = optimizer()
+    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=4)
+    then = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[10], gamma=0.1)
+    sequential = torch.optim.lr_scheduler.SequentialLR(opt, [warmup, then], milestones=[4])
+    assert decays_ahead(sequential) == 1  # the warm-up is no decay; the step part's is ahead
+    _stepped(sequential, 4 + 10)
+    assert decays_ahead(sequential) == 0
+    assert decays_ahead(torch.optim.lr_scheduler.MultiStepLR(optimizer(), milestones=[3], gamma=1.0)) == 0
+    for unstated in (
+        None,
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer(), T_max=10),
+        torch.optim.lr_scheduler.StepLR(optimizer(), step_size=3),  # open-ended: no last decay
+        torch.optim.lr_scheduler.LambdaLR(optimizer(), lambda s: 1.0),
+    ):
+        assert decays_ahead(unstated) is None
+
+
+def test_a_module_settled_when_the_rate_fell_settles_again_at_its_first_reading_after():
+    def settled_then(rule: FrontRule, index: int, first_lr: float, then_lr: float, values) -> list[bool]:
+        for value in values:
+            rule.read(index, value, first_lr)
+        return [rule.settled(index) for _ in [rule.read(index, value, then_lr) for value in (0.04, 0.04)]]
+
+    flat = (4.0,) + (0.4,) * 7  # settled at the first rate: flat, well under its peak
+    rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
+    for value in flat:
+        rule.read(0, value, 0.1)
+    assert rule.settled(0)
+    rule.read(0, 0.04, 0.01)  # spans the decay: joins no average, settles nothing
+    assert not rule.settled(0)
+    rule.read(0, 0.04, 0.01)  # the first reading at the new rate, under the level: settled again
+    assert rule.settled(0) and rule.watches[0].stale < rule.window
+    copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
+    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert copy.carried == {0} and copy.settled(0)
+    # Not after a rise of the rate, nor for a module that had not settled before the fall.
+    rising = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
+    assert settled_then(rising, 0, 0.01, 0.1, flat) == [False, False]
+    unsettled = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
+    assert settled_then(unsettled, 0, 0.1, 0.01, (4.0, 0.4)) == [False, False]
+    # A level above settle_ratio of the peak after the fall still holds it.
+    high = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.05, regimes=True)
+    for value in (4.0,) + (0.1,) * 7:
+        high.read(0, value, 0.1)
+    assert high.settled(0)
+    high.read(0, 0.3, 0.01)
+    high.read(0, 0.3, 0.01)
+    assert not high.settled(0)
+
+
+def test_a_held_reading_freezes_nothing_and_the_first_unheld_one_freezes_what_has_settled():
+    model, partition, executor = _controller(span=2)
+    x = torch.randn(16, 8)
+    results = []
+    for seq in range(1, 12):
+        executor.offer(Request(seq, 0, seq, 0, ((x,), {}), hold=seq <= 9))
+        executor.readout(Readout(seq, None, dict(model.state_dict())))
+        [result] = executor.poll()
+        results.append(result)
+    # Constant readings settle both modules at the 6th (see the first test); held until the 10th.
+    assert all(r.decision is None for r in results[:9])
+    assert all(len(r.readings) == 2 for r in results[1:9])  # read as usual while held
+    assert results[9].decision is not None and results[9].decision.modules == tuple(partition.names[:2])
+
+
+@pytest.mark.parametrize("give_scheduler, wait", [(True, True), (True, False), (False, True)])
+def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_scheduler, wait):
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 50], gamma=0.1)
+    # No level condition: the modules settle long before the first decay.
+    config = quick_config(rule="egeria", unfreeze_lr_drop=None, settle_ratio=1.0, wait_for_last_decay=wait)
+    eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched if give_scheduler else None)
+    train(model, opt, eg, batches(1) * 70, scheduler=sched)
+    freezes = [d.step for d in eg.events if d.action == "freeze"]
+    eg.close()
+    assert freezes
+    if give_scheduler and wait:
+        # The reading of step 51 is the first at the last rate and spans the decay; modules
+        # that had settled freeze at the next one (here, 52), others W stale readings later.
+        assert 50 < min(freezes) <= 52 + config.window
+    else:  # a schedule Egeria was not given, or no hold: the rule's own timing
+        assert min(freezes) < 30

@@ -172,17 +172,14 @@ class Controller:
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
         rows = [self._read(index, value, request.step, request.lr) for index, value in zip(watched, values)]
-        count = self.rule.settled_front(watched)
+        count = 0 if request.hold else self.rule.settled_front(watched)
         if count:
             names = tuple(self._name(i) for i in watched[:count])
             tolerance = self.rule.tolerance(watched[0]) or 0.0
-            decision = Decision(
-                request.step,
-                "freeze",
-                names,
-                f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings",
-                evaluated_at=request.step,
-            )
+            reason = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
+            if watched[0] in self.rule.carried and self.rule.watches[watched[0]].stale < self.window:
+                reason = "settled before the learning rate fell; plasticity still low after it"
+            decision = Decision(request.step, "freeze", names, reason, evaluated_at=request.step)
             self._froze(count, weights, request)
             return answer(readings=rows, decision=decision)
         self.readings_since_refresh += 1

@@ -45,6 +45,7 @@ from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, ma
 from .serialization import read_state, write_state
 from .stepcount import OptimizerSteps
 from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
+from .decays import decays_ahead
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
@@ -63,8 +64,10 @@ class Egeria:
             splits the module inside; :mod:`egeria.wrappers`).
         optimizer: its optimizer; its param groups are never changed.
         config: hyperparameters; :class:`EgeriaConfig` defaults when None.
-        lr_scheduler: the learning-rate scheduler, if any (used to warn about cyclical
-            schedules, which need ``unfreeze_rule``); or later, :meth:`set_schedule`.
+        lr_scheduler: the learning-rate scheduler, if any; or later, :meth:`set_schedule`.
+            Egeria's rule holds its freezes until the last decay a step schedule states
+            (``MultiStepLR``; ``EgeriaConfig.wait_for_last_decay``), and warns about
+            cyclical schedules, which need ``unfreeze_rule``.
         total_steps: optimizer steps the run will take; needed by the first :meth:`step`
             when ``config.eval_interval`` is None and by the schedule baselines (give it
             here or, once known, to :meth:`set_schedule`).
@@ -130,6 +133,7 @@ class Egeria:
         self.model = model
         self.optimizer = optimizer
         self.total_steps: int | None = None
+        self.lr_scheduler: Any = None
         self.steps = 0
         self.events: list[Decision] = []
         self.on_change = on_change
@@ -284,6 +288,8 @@ class Egeria:
             if self._planned:
                 raise RuntimeError("Egeria.set_schedule(total_steps=...) must come before the first step()")
             self.total_steps = total_steps
+        if lr_scheduler is not None:
+            self.lr_scheduler = lr_scheduler
         if lr_scheduler is not None and isinstance(self.policy, KnowledgeGuided) and not self._custom_unfreeze:
             if type(lr_scheduler).__name__ in CYCLICAL_SCHEDULERS:
                 logger.warning(
@@ -400,6 +406,7 @@ class Egeria:
                     step=lambda: self.steps,
                     own_pass=self._own.is_active,
                     event=self._record,
+                    decays_ahead=lambda: decays_ahead(self.lr_scheduler),
                 )
             )
             logger.info("Egeria: %d layer modules %s, policy %s", len(partition), partition.names, self.policy.name)

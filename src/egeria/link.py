@@ -40,6 +40,7 @@ class _Evaluation:
     open: bool = True  # its forward pass is running (activations may be captured)
     activations: dict[int, HostCopy | LocalCopy] = field(default_factory=dict)
     lr: float | None = None  # the learning rate of its step
+    hold: bool = False  # it may not freeze anything (a decay is still ahead)
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -116,14 +117,18 @@ class ControllerLink:
         send: bool,
         state: Callable[[], Mapping[str, torch.Tensor]],
         lr: Callable[[], float] | None = None,
+        hold: Callable[[], bool] | None = None,
     ) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
-        already (on the CPU; a device's copy is sent at the step boundary instead). ``batch``
-        and ``lr`` are read only when the step is armed: this runs at every forward pass."""
+        already (on the CPU; a device's copy is sent at the step boundary instead). ``batch``,
+        ``lr`` and ``hold`` (whether the reading may freeze nothing) are read only when the
+        step is armed: this runs at every forward pass."""
         if self.armed_for != step or self.evaluation is not None:
             return
-        evaluation = _Evaluation(step, module, batch(), lr=None if lr is None else lr())
+        evaluation = _Evaluation(
+            step, module, batch(), lr=None if lr is None else lr(), hold=False if hold is None else hold()
+        )
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
         self.evaluation = evaluation
@@ -184,6 +189,7 @@ class ControllerLink:
             self.executor.weights(state(), self.keys.of(final, loose=False)) if final else None,
             final,
             evaluation.lr,
+            evaluation.hold,
         )
         try:
             sent = self.executor.offer(request)

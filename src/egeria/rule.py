@@ -26,7 +26,11 @@ class FrontRule:
             share of the highest it has had in the run (None: no such condition).
         regimes: a reading whose learning rate differs 2x or more from the module's
             previous one restarts that module's moving average and stale count, and is
-            itself left out (:meth:`ModuleWatch.new_regime`; ``rule="egeria"``).
+            itself left out (:meth:`ModuleWatch.new_regime`; ``rule="egeria"``). A module
+            that had settled when the rate fell settles again at the first reading after
+            the change whose level is within ``settle_ratio``: its drift was flat before
+            the decay and a lower rate only lowers it (the rule holds freezes until a
+            schedule's last decay, and this lets the modules it held freeze soon after).
     """
 
     def __init__(self, window: int, tolerance_ratio: float, *, settle_ratio: float | None = None,
@@ -37,6 +41,7 @@ class FrontRule:
         self.regimes = regimes
         self.watches: dict[int, ModuleWatch] = {}
         self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
+        self.carried: set[int] = set()  # modules that had settled when the learning rate last fell
 
     def read(self, index: int, plasticity: float, lr: float | None = None) -> Reading:
         """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
@@ -49,7 +54,11 @@ class FrontRule:
         if watch is None:
             watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
         if self.regimes and lr is not None:
-            watch.new_regime(lr)
+            was_settled, previous = self.settled(index), watch.lr
+            if watch.new_regime(lr):
+                self.carried.discard(index)
+                if was_settled and previous is not None and lr < previous:
+                    self.carried.add(index)
         reading = watch.update(plasticity)
         if reading.counted:
             self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
@@ -59,10 +68,13 @@ class FrontRule:
         return self.peaks.get(index, 0.0)
 
     def settled(self, index: int) -> bool:
-        """The rule says freeze: W stale readings, and (with ``settle_ratio``) a level at
+        """The rule says freeze: W stale readings (or, for a module that had settled when
+        the learning rate fell, one reading since), and (with ``settle_ratio``) a level at
         most that share of the module's peak."""
         watch = self.watches.get(index)
-        if watch is None or watch.stale < self.window:
+        if watch is None or not watch.smoothed:
+            return False
+        if watch.stale < self.window and index not in self.carried:
             return False
         return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
 
@@ -81,20 +93,24 @@ class FrontRule:
     def forget_before(self, index: int) -> None:
         """Modules before ``index`` froze: their watches go (their peaks stay)."""
         self.watches = {i: w for i, w in self.watches.items() if i >= index}
+        self.carried = {i for i in self.carried if i >= index}
 
     def restart(self, window: int) -> None:
         """Every watch starts afresh with window ``window`` (the peaks stay)."""
         self.window = window
         self.watches = {}
+        self.carried = set()
 
     def state_dict(self) -> dict:
         return {
             "window": self.window,
             "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
             "peaks": {str(i): v for i, v in self.peaks.items()},
+            "carried": sorted(self.carried),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.window = int(state["window"])
         self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
         self.peaks = {int(i): float(v) for i, v in state["peaks"].items()}
+        self.carried = {int(i) for i in state.get("carried", ())}  # absent in checkpoints before it

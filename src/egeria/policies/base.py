@@ -61,6 +61,8 @@ class Binding:
         step: optimizer steps taken so far (the engine owns the count).
         own_pass: true while Egeria runs a forward pass of its own, which hooks ignore.
         event: records an event that changes no frozen set (e.g. ``"guided"``).
+        decays_ahead: the learning-rate decays the run's scheduler still has ahead, where
+            it states them (:func:`egeria.decays.decays_ahead`), else None.
     """
 
     model: nn.Module
@@ -70,6 +72,7 @@ class Binding:
     step: Callable[[], int]
     own_pass: Callable[[], bool]
     event: Callable[[Decision], None]
+    decays_ahead: Callable[[], int | None] = lambda: None
 
 
 @dataclass(frozen=True)

@@ -264,7 +264,14 @@ class KnowledgeGuided:
                 self.stage == "guided",
                 self._model.state_dict,
                 lambda: current_lr(binding.optimizer),
+                self._holding,
             )
+
+    def _holding(self) -> bool:
+        """Whether a reading taken now may freeze nothing: ``wait_for_last_decay`` and the
+        scheduler states a decay still ahead."""
+        assert self._binding is not None
+        return bool(self.config.wait_for_last_decay and self._binding.decays_ahead())
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self.link is not None:
