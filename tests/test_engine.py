@@ -188,6 +188,36 @@ def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, mode, split):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("split", [40, 51])  # held between the decays; after the reading spanning the last
+def test_resume_while_a_freeze_is_held_equals_uninterrupted_run(split):
+    def fresh():
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 50], gamma=0.1)
+        config = quick_config(rule="egeria", unfreeze_lr_drop=None, wait_for_last_decay=True)
+        return model, opt, sched, egeria.Egeria(model, opt, config=config, lr_scheduler=sched)
+
+    data = batches(1) * 70
+    model, opt, sched, eg = fresh()
+    train(model, opt, eg, data[:split], scheduler=sched)
+    saved = (*checkpointed(model, opt, eg), copy.deepcopy(sched.state_dict()))
+    rest = train(model, opt, eg, data[split:], scheduler=sched)
+    assert rest and all(d.step > 50 for d in rest), "the test needs the held freeze after the checkpoint"
+
+    model2, opt2, sched2, eg2 = fresh()
+    model2.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
+    eg2.load_state_dict(saved[2])
+    sched2.load_state_dict(saved[3])
+    assert train(model2, opt2, eg2, data[split:], scheduler=sched2) == rest
+    assert eg2.history == eg.history
+    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), name
+    eg.close()
+    eg2.close()
+
+
 def _params_of(model, eg, module_name):
     module = next(m for m in eg.partition.modules if m.name == module_name)
     named = dict(model.named_parameters())
@@ -218,6 +248,7 @@ def _params_of(model, eg, module_name):
         ("cpu_threshold", 1.5),
         ("controller_timeout", 0),
         ("max_lag_intervals", 0),
+        ("wait_for_last_decay", "yes"),
     ],
 )
 def test_invalid_config_names_field_and_value(field, value):

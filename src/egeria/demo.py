@@ -118,7 +118,8 @@ def run_demo(
         f"{s.epochs} epochs = {total_steps} steps, batch {s.batch_size}), accuracy on {len(test[1])} test images; "
         f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at steps {', '.join(map(str, milestones))}; "
         f"Egeria with its default configuration (rule {config.rule!r}, window {config.window}, executor "
-        f"{config.executor!r}, cost budget {config.cost_budget:.0%}) and its activation cache",
+        f"{config.executor!r}, cost budget {config.cost_budget:.0%}"
+        f"{', freezes held until the last lr drop' if config.wait_for_last_decay else ''}) and its activation cache",
     )
 
     runs: dict[str, dict] = {}
