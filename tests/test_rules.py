@@ -4,6 +4,7 @@ reads several front modules from one forward pass; fixed and cut-down probe batc
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -333,7 +334,8 @@ def test_a_held_reading_freezes_nothing_and_the_first_unheld_one_freezes_what_ha
 
 
 @pytest.mark.parametrize("give_scheduler, wait", [(True, True), (True, False), (False, True)])
-def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_scheduler, wait):
+def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_scheduler, wait, caplog):
+    caplog.set_level(logging.INFO, logger="egeria")
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
@@ -349,5 +351,9 @@ def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_sche
         # The reading of step 51 is the first at the last rate and spans the decay; modules
         # that had settled freeze at the next one (here, 52), others W stale readings later.
         assert 50 < min(freezes) <= 52 + config.window
+        said = [r.getMessage() for r in caplog.records]
+        assert any("held until the scheduler's last learning-rate decay (2 ahead)" in m for m in said)
+        assert any("last learning-rate decay has passed" in m for m in said)
     else:  # a schedule Egeria was not given, or no hold: the rule's own timing
         assert min(freezes) < 30
+        assert not any("held" in r.getMessage() for r in caplog.records)

@@ -7,9 +7,8 @@ decay cost nothing measurable (benchmarks/README.md, "Where a freeze costs").
 
 Only schedulers that name their decay points can answer: ``MultiStepLR`` (its
 ``milestones``) and a ``SequentialLR`` whose last part is one (a warm-up then a step
-schedule). The count is in the
-scheduler's own steps (``last_epoch``), so a scheduler stepped once per epoch answers
-as well as one stepped once per optimizer step.
+schedule). The count is in the scheduler's own steps (``last_epoch``), so a scheduler
+stepped once per epoch answers as well as one stepped once per optimizer step.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from torch import nn
 from .cache.attach import attach_loader
 from .checks import check_int
 from .config import EgeriaConfig
+from .decays import decays_ahead
 from .decision import Decision
 from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
@@ -45,7 +46,6 @@ from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, ma
 from .serialization import read_state, write_state
 from .stepcount import OptimizerSteps
 from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
-from .decays import decays_ahead
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]

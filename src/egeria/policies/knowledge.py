@@ -95,6 +95,7 @@ class KnowledgeGuided:
         self._binding: Binding | None = None
         self._handles: list = []
         self._warned_no_loss = False
+        self._held = False  # the latest reading was held (wait_for_last_decay), for the log
 
     @property
     def requires_total_steps(self) -> bool:
@@ -269,9 +270,17 @@ class KnowledgeGuided:
 
     def _holding(self) -> bool:
         """Whether a reading taken now may freeze nothing: ``wait_for_last_decay`` and the
-        scheduler states a decay still ahead."""
+        scheduler states a decay still ahead. Logged when the hold starts and when it ends."""
         assert self._binding is not None
-        return bool(self.config.wait_for_last_decay and self._binding.decays_ahead())
+        ahead = self._binding.decays_ahead() if self.config.wait_for_last_decay else None
+        holding = bool(ahead)
+        if holding != self._held:
+            if holding:
+                logger.info("Egeria: freezes are held until the scheduler's last learning-rate decay (%d ahead)", ahead)
+            else:
+                logger.info("Egeria: the scheduler's last learning-rate decay has passed; settled modules may freeze")
+            self._held = holding
+        return holding
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self.link is not None:
