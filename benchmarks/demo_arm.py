@@ -15,7 +15,6 @@ the machine and thread count are the same), with that arm's last-phase loss besi
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -37,12 +36,13 @@ def main(argv: list[str]) -> None:
         except json.JSONDecodeError:
             changed[field] = text
     s = demo.FULL
-    train_data, test, initial, drops = demo.prepare(s, seed)
-    total = math.ceil(len(train_data[1]) / s.batch_size) * s.epochs
+    shared = demo.prepare(s, seed)
     config = EgeriaConfig(**changed) if arm == "egeria" else None
-    record, extra = demo._train(arm, initial, train_data, test, s, seed, drops, config, total, False)
+    record, extra = demo._train(
+        arm, shared.initial, shared.train, shared.test, s, seed, shared.milestones, config, shared.total_steps, False
+    )
     losses = record["losses"]
-    last = drops[-1]
+    last = shared.milestones[-1]
     result = {
         "seed": seed, "arm": arm, "changed": changed,
         "accuracy": [round(100 * e["test_accuracy"], 2) for e in record["epochs"]],

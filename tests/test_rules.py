@@ -299,7 +299,7 @@ def test_a_module_settled_when_the_rate_fell_settles_again_at_its_first_reading_
     rule.read(0, 0.04, 0.01)  # spans the decay: joins no average, settles nothing
     assert not rule.settled(0)
     rule.read(0, 0.04, 0.01)  # the first reading at the new rate, under the level: settled again
-    assert rule.settled(0) and rule.watches[0].stale < rule.window
+    assert rule.settled(0) and rule.watches[0].stale < rule.window and rule.carried_over(0)
     copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
     copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
     assert copy.carried == {0} and copy.settled(0)

@@ -177,7 +177,7 @@ class Controller:
             names = tuple(self._name(i) for i in watched[:count])
             tolerance = self.rule.tolerance(watched[0]) or 0.0
             reason = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
-            if watched[0] in self.rule.carried and self.rule.watches[watched[0]].stale < self.window:
+            if self.rule.carried_over(watched[0]):
                 reason = "settled before the learning rate fell; plasticity still low after it"
             decision = Decision(request.step, "freeze", names, reason, evaluated_at=request.step)
             self._froze(count, weights, request)

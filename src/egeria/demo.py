@@ -5,7 +5,8 @@ the only difference is that the second one calls :meth:`egeria.Egeria.step` afte
 optimizer step. Each run trains in a fresh process of its own with the caller's torch
 thread count, so neither inherits the other's allocator and cache state: on a 2-core VM
 the first run of a process was up to 15% faster than a second one of the same work. The
-two runs are bit-identical until Egeria's first freeze, which the demo checks and reports. It prints the machine and a table (training wall time, final
+two runs are bit-identical until Egeria's first freeze, which the demo checks and
+reports. It prints the machine and a table (training wall time, final
 test accuracy, time-to-target speedup, when each layer module froze and unfroze), and
 writes ``demo.png`` (frozen share of parameters over steps; accuracy vs. wall time) and
 ``demo.json`` (every recorded number) into ``out_dir``.
@@ -24,7 +25,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ from .engine import Egeria
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
 
-__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "prepare", "identical_through"]
+__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +109,7 @@ def run_demo(
     _echo(stream, f"command: {command}")
     _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
 
-    train_data, test, initial, milestones = prepare(s, seed, data_root)
-    steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
-    total_steps = steps_per_epoch * s.epochs
+    train_data, test, initial, milestones, steps_per_epoch, total_steps = prepare(s, seed, data_root)
     config = EgeriaConfig()  # Egeria's defaults, nothing hand-picked
     _echo(
         stream,
@@ -156,22 +155,31 @@ def run_demo(
     return result
 
 
-def prepare(
-    s: DemoSettings, seed: int, data_root: str | Path | None = None
-) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor], dict[str, torch.Tensor], list[int]]:
-    """What both arms of a demo share: (training tensors, test tensors, the seed's initial
-    ResNet-20 weights, the steps at which the learning rate drops)."""
+class Prepared(NamedTuple):
+    """What both arms of a demo share."""
+
+    train: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    initial: dict[str, torch.Tensor]  # the seed's initial ResNet-20 weights
+    milestones: list[int]  # the steps after which the learning rate drops
+    steps_per_epoch: int
+    total_steps: int
+
+
+def prepare(s: DemoSettings, seed: int, data_root: str | Path | None = None) -> Prepared:
+    """The data, initial weights and step counts both arms of a demo share."""
     from .data import load_fashion_mnist
     from .models import resnet
 
     data_kw = {} if data_root is None else {"root": data_root}
     train_data = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
     test = load_fashion_mnist(split="test", limit=s.test_limit, **data_kw).tensors
-    total_steps = math.ceil(len(train_data[1]) / s.batch_size) * s.epochs
+    steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
+    total_steps = steps_per_epoch * s.epochs
     milestones = sorted({max(1, int(share * total_steps)) for share in s.lr_drops})
     torch.manual_seed(seed)
     initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
-    return train_data, test, initial, milestones
+    return Prepared(train_data, test, initial, milestones, steps_per_epoch, total_steps)
 
 
 def identical_through(a: list[float], b: list[float]) -> int:

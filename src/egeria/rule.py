@@ -78,6 +78,12 @@ class FrontRule:
             return False
         return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
 
+    def carried_over(self, index: int) -> bool:
+        """Whether module ``index`` counts as stale only because it had settled when the
+        learning rate fell (it has fewer than W stale readings since)."""
+        watch = self.watches.get(index)
+        return index in self.carried and watch is not None and watch.stale < self.window
+
     def settled_front(self, indices: Sequence[int]) -> int:
         """How many of ``indices`` (front first) have settled, counted from the front up to
         the first that has not."""
