@@ -204,6 +204,19 @@ def _start_child(threads: int, log_level: int | None) -> None:
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
 
 
+def _setup(
+    initial: dict[str, torch.Tensor], s: DemoSettings, milestones: list[int]
+) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.MultiStepLR]:
+    """A demo run's ResNet-20 (from ``initial``), its SGD and its step schedule."""
+    from .models import resnet
+
+    model = resnet(depth=20, in_channels=1, num_classes=10)
+    model.load_state_dict(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=0.9, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+    return model, optimizer, scheduler
+
+
 def _train(
     name: str,
     initial: dict[str, torch.Tensor],
@@ -221,12 +234,7 @@ def _train(
     Returns (run record, Egeria extras)."""
     from tqdm.auto import tqdm
 
-    from .models import resnet
-
-    model = resnet(depth=20, in_channels=1, num_classes=10)
-    model.load_state_dict(initial)
-    optimizer = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=0.9, weight_decay=5e-4)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+    model, optimizer, scheduler = _setup(initial, s, milestones)
     # The same batches in the same order in both runs: the sampler's generator has the seed.
     loader: Any = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(*train_data), batch_size=s.batch_size, shuffle=True,
