@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,39 @@ def test_the_reading_spanning_a_restart_is_left_out_even_across_a_saved_state():
     spanning = restored.update(5.0)
     assert not spanning.counted and restored.raw == [] and restored.smoothed == []
     assert restored.update(0.01).smoothed == 0.01  # the new regime's first value, alone
+
+
+def test_readings_at_their_floor_are_quiet_and_freeze_after_w_whatever_the_slope():
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2, floor_ratio=2.0)
+    # Noise at the floor: every smoothed value is within 2x the smoothed floor.
+    values = (1.0, 3.0, 1.0, 3.0, 1.0, 3.0)
+    readings = [watch.update(v, floor=1.5) for v in values]
+    assert [r.quiet for r in readings] == [1, 2, 3, 4, 5, 6]
+    assert readings[2].freeze and not readings[1].freeze
+    assert readings[2].stale == 0  # no tolerance yet: the slope could not have frozen it
+    assert readings[-1].floor == 1.5
+
+
+@pytest.mark.parametrize("floor_ratio, floors", [(2.0, [0.4] * 6), (None, [10.0] * 6), (2.0, [None] * 6)])
+def test_readings_above_their_floor_or_without_one_are_not_quiet(floor_ratio, floors):
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2, floor_ratio=floor_ratio)
+    readings = [watch.update(v, floor=f) for v, f in zip((1.0, 3.0, 1.0, 3.0, 1.0, 3.0), floors)]
+    assert all(r.quiet == 0 for r in readings)  # 2 > 2 x 0.4; no ratio; no floor
+    assert all(r.floor is None for r in readings) is (floor_ratio is None or floors[0] is None)
+
+
+def test_one_loud_reading_restarts_the_quiet_count_and_a_new_regime_clears_it():
+    watch = ModuleWatch(window=2, tolerance_ratio=0.2, floor_ratio=2.0)
+    assert [watch.update(v, floor=1.0).quiet for v in (1.0, 1.0, 9.0, 1.0, 1.0, 1.0)] == [1, 2, 0, 0, 1, 2]
+    watch.new_regime(0.1)
+    watch.new_regime(0.01)  # a 10x fall: the average, the floors and the quiet count restart
+    assert watch.quiet == 0 and watch.floors == []
+    copy = ModuleWatch.from_state(json.loads(json.dumps(watch.state_dict())))
+    assert copy == watch
+
+
+def test_a_bad_floor_is_rejected_with_its_value():
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2, floor_ratio=2.0)
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="floor"):
+            watch.update(1.0, floor=bad)

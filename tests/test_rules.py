@@ -22,11 +22,14 @@ from fakes import Recorder
 from tiny import Chain, batches, quick_config, train
 
 
-def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision: str = "fp32"):
+def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision: str = "fp32",
+                floor_ratio: float | None = None):
     torch.manual_seed(0)
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
-    spec = ControllerSpec(partition, float_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe)
+    spec = ControllerSpec(
+        partition, float_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe, floor_ratio=floor_ratio
+    )
     return model, partition, InlineExecutor(spec)
 
 
@@ -151,6 +154,41 @@ def test_settle_ratio_holds_a_flat_module_whose_level_is_still_at_its_peak(ratio
     assert all(row["peak"] == row["smoothed"] for r in results for row in r.readings)
 
 
+def test_a_module_that_does_not_move_reads_its_floor_and_freezes_though_it_never_fell_from_its_peak():
+    model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=2.0)
+    executor.service.controller.rule.settle_ratio = 0.5  # holds a module at its peak (test above)
+    x = torch.randn(16, 8)
+    results = [_evaluate(executor, model, seq, x) for seq in range(1, 7)]
+    # Same weights, same batch: each reading compares the reference with the weights it was
+    # refreshed from, i.e. it reads the floor itself. The floor is first measured at the
+    # refresh after the 2nd evaluation (the 1st builds); the 3rd, 4th and 5th are quiet.
+    rows = [row for r in results[1:5] for row in r.readings]
+    assert rows[0]["floor"] is None and all(row["plasticity"] > 0 for row in rows)
+    assert all(row["floor"] == pytest.approx(row["plasticity"], rel=1e-9) for row in rows[1:])
+    assert [row["quiet"] for row in rows] == [0, 1, 2, 3]
+    assert all(r.decision is None for r in results[:4])
+    decision = results[4].decision
+    assert decision is not None and decision.modules == (partition.names[0],)
+    assert "the reference's own error" in decision.reason
+
+
+def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
+    model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0)
+    executor.service.controller.rule.settle_ratio = 0.5
+    x = torch.randn(16, 8)
+    results = []
+    for seq in range(1, 9):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        results.append(_evaluate(executor, model, seq, x))
+    rows = [row for r in results[2:] for row in r.readings]
+    assert all(row["plasticity"] > 100 * row["floor"] for row in rows)
+    assert all(row["quiet"] == 0 for row in rows) and all(r.decision is None for r in results)
+    state = executor.service.controller.state_dict(dict(model.state_dict()))
+    assert set(state["floors"]) == {"0", "1"}
+
+
 @pytest.mark.parametrize("rule", ["egeria", "paper"])
 def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_average(rule):
     torch.manual_seed(0)
@@ -223,8 +261,10 @@ def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_ru
     assert (default.window, default.settle_ratio, default.unfreeze_lr_drop, default.max_frozen_params) == (
         3, 0.03, math.inf, 0.25
     )
+    assert default.floor_ratio == 2.0
     paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
     assert (paper.window, paper.settle_ratio, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
+    assert paper.floor_ratio is None
     assert paper == egeria.EgeriaConfig(rule="paper")
     mine = egeria.EgeriaConfig(rule="paper", window=5, settle_ratio=0.2)  # values given stay under either rule
     assert (mine.replace(rule="egeria").window, mine.replace(rule="egeria").settle_ratio) == (5, 0.2)

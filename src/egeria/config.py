@@ -20,11 +20,11 @@ RULES = ("paper", "egeria")
 RULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "paper": {
         "window": 10, "unfreeze_lr_drop": 10.0, "settle_ratio": None, "max_frozen_params": None, "probe_size": None,
-        "wait_for_last_decay": False,
+        "wait_for_last_decay": False, "floor_ratio": None,
     },
     "egeria": {
         "window": 3, "unfreeze_lr_drop": math.inf, "settle_ratio": 0.03, "max_frozen_params": 0.25, "probe_size": 32,
-        "wait_for_last_decay": True,
+        "wait_for_last_decay": True, "floor_ratio": 2.0,
     },
 }
 #: Precisions the reference model can run in.
@@ -44,8 +44,8 @@ class EgeriaConfig:
 
     The default rule is Egeria's own (``rule="egeria"``); ``rule="paper"`` is the paper's
     Algorithm 1 with the paper's settings. ``window``, ``unfreeze_lr_drop``,
-    ``settle_ratio``, ``max_frozen_params``, ``probe_size`` and ``wait_for_last_decay``
-    left at None take the rule's own values
+    ``settle_ratio``, ``max_frozen_params``, ``probe_size``, ``wait_for_last_decay`` and
+    ``floor_ratio`` left at None take the rule's own values
     (:data:`RULE_DEFAULTS`; a baseline ``policy`` takes the paper's, which cap nothing); a
     value given is kept under either rule. Values are checked
     when the config is built; a bad one raises ``ValueError`` naming the field and the value.
@@ -154,6 +154,13 @@ class EgeriaConfig:
     # cost about 0.1 points of test accuracy, while a freeze after it cost nothing
     # measurable; benchmarks/README.md, "Where a freeze costs").
     wait_for_last_decay: bool | None = None
+    # A module also freezes after W readings in a row whose smoothed plasticity is at most
+    # this many times its *floor*: what a reading reads when the module has not moved (the
+    # reference's own error, measured after each refresh at one more reference forward).
+    # Its drift is then lost in that error, where neither the slope nor settle_ratio can
+    # tell (a fine-tuned front reads at its floor from the first reading on, so its peak
+    # is its floor). None: the rule's own, off (paper) or 2.0 (egeria); 0 turns it off.
+    floor_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a
     # derived n, n is lengthened once, early, to keep within it (measured on the first
     # evaluations); a budget an explicit eval_interval breaks is reported once. None: no
@@ -231,6 +238,8 @@ class EgeriaConfig:
         _check_fraction(self, "tolerance_ratio", allow_above_one=True)
         if self.settle_ratio is not None:
             _check_fraction(self, "settle_ratio", allow_above_one=False)
+        if self.floor_ratio is not None and not (_finite_number(self.floor_ratio) and self.floor_ratio >= 0):
+            raise ValueError(f"EgeriaConfig.floor_ratio={self.floor_ratio!r} must be a finite number >= 0 (0: off)")
         if self.max_frozen_params is not None:
             _check_fraction(self, "max_frozen_params", allow_above_one=False)
         if self.cost_budget is not None:

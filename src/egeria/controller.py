@@ -25,6 +25,12 @@ own rule already says so.
 With ``fixed_probe`` every reading uses the batch of the first evaluation (the *probe*)
 instead of the evaluation's own batch, so readings carry no batch-to-batch noise.
 
+With ``floor_ratio`` the controller also measures each watched module's *floor* right
+after a refresh: the SP loss between the refreshed reference and the training activations
+of the same weights and batch, i.e. what a reading reads when the module has not moved.
+The next reading is compared with it (:class:`~egeria.rule.FrontRule`); it costs one more
+reference forward pass per refresh.
+
 The controller keeps its own view of the frozen set: after deciding to freeze modules up to
 k it watches k + 1 and treats requests still about earlier ones as stale, until a restart
 (an unfreeze, or a decision the worker applied too late to use) says otherwise.
@@ -71,7 +77,7 @@ class Controller:
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
         fixed_probe: read every evaluation on the first evaluation's batch.
-        settle_ratio, regimes: as in :class:`~egeria.rule.FrontRule`.
+        settle_ratio, regimes, floor_ratio: as in :class:`~egeria.rule.FrontRule`.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class Controller:
         fixed_probe: bool = False,
         settle_ratio: float | None = None,
         regimes: bool = False,
+        floor_ratio: float | None = None,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -96,7 +103,8 @@ class Controller:
         self.threads = threads
         self.span = span
         self.fixed_probe = fixed_probe
-        self.rule = FrontRule(window, tolerance_ratio, settle_ratio=settle_ratio, regimes=regimes)
+        self.rule = FrontRule(window, tolerance_ratio, settle_ratio=settle_ratio, regimes=regimes, floor_ratio=floor_ratio)
+        self.floors: dict[int, float] = {}  # each watched module's floor at the latest refresh
         self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
         self.restart(generation=0, frozen=0, window=window)
@@ -167,32 +175,41 @@ class Controller:
         training = readout.activation
         if training is None:
             training = self._front(weights, self._batch(request), watched)
-        values = [float(sp_loss(t if isinstance(t, Gram) else t.float(), r)) for t, r in zip(training, reference)]
+        training = [t if isinstance(t, Gram) else t.float() for t in training]
+        values = [float(sp_loss(t, r)) for t, r in zip(training, reference)]
         if not all(math.isfinite(v) for v in values):
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
         rows = [self._read(index, value, request.step, request.lr) for index, value in zip(watched, values)]
+        by_module = dict(zip(watched, training))
         count = 0 if request.hold else self.rule.settled_front(watched)
         if count:
             names = tuple(self._name(i) for i in watched[:count])
-            tolerance = self.rule.tolerance(watched[0]) or 0.0
-            reason = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
-            if self.rule.carried_over(watched[0]):
-                reason = "settled before the learning rate fell; plasticity still low after it"
-            decision = Decision(request.step, "freeze", names, reason, evaluated_at=request.step)
-            self._froze(count, weights, request)
+            decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
+            self._froze(count, weights, request, by_module)
             return answer(readings=rows, decision=decision)
         self.readings_since_refresh += 1
         # A reading that straddled a learning-rate change: the next one compares with a
         # reference from the new regime, whatever refresh_every says.
         straddled = any(not row["counted"] for row in rows)
         if self.readings_since_refresh >= self.refresh_every or straddled:
-            self._refresh(weights, request, upto=watched[-1])
+            self._refresh(weights, request, upto=watched[-1], training=by_module)
         return answer(readings=rows)
+
+    def _reason(self, index: int) -> str:
+        """Why the front module ``index`` freezes, in words."""
+        if self.rule.carried_over(index):
+            return "settled before the learning rate fell; plasticity still low after it"
+        if self.rule.quiet(index):
+            return (
+                f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {self.window} readings"
+            )
+        tolerance = self.rule.tolerance(index) or 0.0
+        return f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
 
     def _read(self, index: int, plasticity: float, step: int, lr: float | None = None) -> dict:
         """One module's reading through its rule; the history row."""
-        reading = self.rule.read(index, plasticity, lr)
+        reading = self.rule.read(index, plasticity, lr, self.floors.get(index))
         if not reading.counted:
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", step, lr, self._name(index))
         return {
@@ -206,6 +223,8 @@ class Controller:
             "peak": self.rule.peak(index),
             "counted": reading.counted,  # False: it straddled a learning-rate change
             "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
+            "floor": reading.floor,  # the smoothed floor (None: not measured)
+            "quiet": reading.quiet,
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
@@ -218,17 +237,33 @@ class Controller:
         with limited_threads(self.threads):
             return outputs_until(self.current, blocks, args, kwargs)
 
-    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request) -> None:
+    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request,
+               training: Mapping[int, torch.Tensor | Gram]) -> None:
         """The front ``count`` modules froze: watch the ones after them."""
         self.frozen += count
         self.rule.forget_before(self.frozen)
+        self.floors = {i: v for i, v in self.floors.items() if i >= self.frozen}
         if self.frozen < self.partition.freezable:
-            self._refresh(weights, request, upto=self.watched[-1])
+            self._refresh(weights, request, upto=self.watched[-1], training=training)
 
-    def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int) -> None:
+    def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int,
+                 training: Mapping[int, torch.Tensor | Gram] | None = None) -> None:
+        """Refreshes the reference from ``weights``; with ``training`` (the watched modules'
+        training activations for these weights and the request's batch) and a
+        ``floor_ratio``, measures the floors."""
         assert self.reference is not None
-        self.reference.refresh(weights, self.frozen, upto, self._batch(request))
+        batch = self._batch(request)
+        self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
+        if training is None or self.rule.floor_ratio is None:
+            return
+        indices = [i for i in self.watched if i in training]
+        if not indices:
+            return
+        for index, ref in zip(indices, self.reference.activations(batch, indices)):
+            floor = float(sp_loss(training[index], ref))
+            if math.isfinite(floor):
+                self.floors[index] = floor
 
     # -- control -------------------------------------------------------------------
 
@@ -243,6 +278,7 @@ class Controller:
         self.frozen = frozen
         self.rule.restart(window)
         self.reference = None
+        self.floors = {}
         self.readings_since_refresh = 0
 
     def state_dict(self, live: Mapping[str, torch.Tensor]) -> dict:
@@ -252,6 +288,7 @@ class Controller:
             "frozen": self.frozen,
             **self.rule.state_dict(),  # window, watches, peaks
             "readings_since_refresh": self.readings_since_refresh,
+            "floors": {str(i): v for i, v in self.floors.items()},
             "reference": None if self.reference is None else self.reference.state_dict(live),
             "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
         }
@@ -261,6 +298,7 @@ class Controller:
         self.frozen = int(state["frozen"])
         self.rule.load_state_dict(state)
         self.readings_since_refresh = int(state["readings_since_refresh"])
+        self.floors = {int(i): float(v) for i, v in state.get("floors", {}).items()}  # absent before floors
         self.probe = None
         if state["probe"] is not None:
             args, kwargs = map_leaves(state["probe"], _is_encoded, decode_tensor)

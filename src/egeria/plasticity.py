@@ -5,6 +5,13 @@ readings (Equation 2); a straight line is fitted by least squares to the last W 
 values; the module is *stale* at a reading whose slope magnitude is within its tolerance
 T, and it freezes at the W-th consecutive stale reading. T is set per module once its
 first three slopes are known: ``tolerance_ratio`` x the largest of their magnitudes.
+
+A reading can also come with the module's *floor*: what a reading reads when the module has
+not moved at all (the reference's own error against the training side, measured right after
+a refresh). With ``floor_ratio``, a module is *quiet* at a reading whose smoothed plasticity
+is at most ``floor_ratio`` x its smoothed floor: its drift is lost in the reference's error,
+so the slope is noise and says nothing (``rule="egeria"``; a fine-tuned front reads at its
+floor from the first reading on).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class Reading:
     stale: int  # consecutive readings with |slope| <= tolerance, this one included
     freeze: bool  # the module should freeze now
     counted: bool = True  # False: it straddled a learning-rate change and joined no average
+    floor: float | None = None  # the smoothed floor (None: no floor known)
+    quiet: int = 0  # consecutive readings at most floor_ratio x the floor, this one included
 
 
 @dataclass
@@ -56,10 +65,13 @@ class ModuleWatch:
     Args:
         window: W, the moving-average length, slope-fit length and stale count to freeze.
         tolerance_ratio: T as a share of the largest of the first three slope magnitudes.
+        floor_ratio: a reading is quiet when its smoothed plasticity is at most this many
+            times the smoothed floor (None: floors are not compared).
     """
 
     window: int
     tolerance_ratio: float
+    floor_ratio: float | None = None
     raw: list[float] = field(default_factory=list)
     smoothed: list[float] = field(default_factory=list)
     first_slopes: list[float] = field(default_factory=list)
@@ -68,6 +80,8 @@ class ModuleWatch:
     readings: int = 0
     lr: float | None = None  # the learning rate of the latest reading, where known
     straddling: bool = False  # the coming reading spans a learning-rate change
+    floors: list[float] = field(default_factory=list)  # the last W floors
+    quiet: int = 0
 
     def new_regime(self, lr: float) -> bool:
         """Notes the learning rate of the coming reading; at a change of ``REGIME_CHANGE``x
@@ -81,17 +95,21 @@ class ModuleWatch:
         if previous is None or lr <= 0 or previous <= 0 or max(lr / previous, previous / lr) < REGIME_CHANGE:
             return False
         self.raw, self.smoothed, self.stale = [], [], 0
+        self.floors, self.quiet = [], 0
         self.straddling = True
         return True
 
-    def update(self, plasticity: float) -> Reading:
-        """Adds one plasticity value and says whether the module should freeze.
+    def update(self, plasticity: float, floor: float | None = None) -> Reading:
+        """Adds one plasticity value (and the module's floor, where measured) and says
+        whether the module should freeze.
 
         Raises:
             ValueError: for a value that is not a finite number.
         """
         if not math.isfinite(plasticity):
             raise ValueError(f"plasticity reading {plasticity!r} is not finite")
+        if floor is not None and not (math.isfinite(floor) and floor >= 0):
+            raise ValueError(f"plasticity floor {floor!r} is not a finite number >= 0")
         self.readings += 1
         if self.straddling:
             self.straddling = False
@@ -107,8 +125,17 @@ class ModuleWatch:
         if slope is not None and self.tolerance is not None:
             flat_floor = _RELATIVE_FLAT * max(abs(v) for v in self.smoothed)
             self.stale = self.stale + 1 if abs(slope) <= max(self.tolerance, flat_floor) else 0
-        freeze = self.stale >= self.window
-        return Reading(float(plasticity), smoothed, slope, self.tolerance, self.stale, freeze)
+        level = self._floor_level(floor)
+        self.quiet = self.quiet + 1 if level is not None and smoothed <= self.floor_ratio * level else 0
+        freeze = self.stale >= self.window or self.quiet >= self.window
+        return Reading(float(plasticity), smoothed, slope, self.tolerance, self.stale, freeze, floor=level, quiet=self.quiet)
+
+    def _floor_level(self, floor: float | None) -> float | None:
+        """The smoothed floor with ``floor`` added (None: floors not compared, or none known)."""
+        if self.floor_ratio is None or floor is None:
+            return None
+        self.floors = (self.floors + [float(floor)])[-self.window:]
+        return math.fsum(self.floors) / len(self.floors)
 
     def state_dict(self) -> dict:
         return {
@@ -122,6 +149,9 @@ class ModuleWatch:
             "readings": self.readings,
             "lr": self.lr,
             "straddling": self.straddling,
+            "floor_ratio": self.floor_ratio,
+            "floors": list(self.floors),
+            "quiet": self.quiet,
         }
 
     @classmethod

@@ -31,35 +31,41 @@ class FrontRule:
             the change whose level is within ``settle_ratio``: its drift was flat before
             the decay and a lower rate only lowers it (the rule holds freezes until a
             schedule's last decay, and this lets the modules it held freeze soon after).
+        floor_ratio: a module also settles after W consecutive readings whose smoothed
+            plasticity is at most this many times its smoothed floor (what it reads when it
+            has not moved): its drift is lost in the reference's own error, where neither
+            the slope nor ``settle_ratio`` can tell (a fine-tuned front). None: floors are
+            not compared.
     """
 
     def __init__(self, window: int, tolerance_ratio: float, *, settle_ratio: float | None = None,
-                 regimes: bool = False) -> None:
+                 regimes: bool = False, floor_ratio: float | None = None) -> None:
         self.window = window
         self.tolerance_ratio = tolerance_ratio
         self.settle_ratio = settle_ratio
         self.regimes = regimes
+        self.floor_ratio = floor_ratio
         self.watches: dict[int, ModuleWatch] = {}
         self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
         self.carried: set[int] = set()  # modules that had settled when the learning rate last fell
 
-    def read(self, index: int, plasticity: float, lr: float | None = None) -> Reading:
+    def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None) -> Reading:
         """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
-        not known) through its watch.
+        not known), with its floor where measured, through its watch.
 
         Raises:
             ValueError: for a value that is not a finite number.
         """
         watch = self.watches.get(index)
         if watch is None:
-            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio)
+            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio, self.floor_ratio)
         if self.regimes and lr is not None:
             was_settled, previous = self.settled(index), watch.lr
             if watch.new_regime(lr):
                 self.carried.discard(index)
                 if was_settled and previous is not None and lr < previous:
                     self.carried.add(index)
-        reading = watch.update(plasticity)
+        reading = watch.update(plasticity, floor)
         if reading.counted:
             self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
         return reading
@@ -70,13 +76,20 @@ class FrontRule:
     def settled(self, index: int) -> bool:
         """The rule says freeze: W stale readings (or, for a module that had settled when
         the learning rate fell, one reading since), and (with ``settle_ratio``) a level at
-        most that share of the module's peak."""
+        most that share of the module's peak; or W quiet readings (at the floor)."""
         watch = self.watches.get(index)
         if watch is None or not watch.smoothed:
             return False
+        if self.quiet(index):
+            return True
         if watch.stale < self.window and index not in self.carried:
             return False
         return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
+
+    def quiet(self, index: int) -> bool:
+        """Whether module ``index`` has read at its floor for W readings."""
+        watch = self.watches.get(index)
+        return watch is not None and watch.quiet >= self.window
 
     def carried_over(self, index: int) -> bool:
         """Whether module ``index`` counts as stale only because it had settled when the

@@ -68,6 +68,7 @@ class ControllerSpec:
     cpus: tuple[int, ...] | None = None  # cores the controller process may use
     settle_ratio: float | None = None
     regimes: bool = False  # a learning-rate change restarts the watches' averages (rule="egeria")
+    floor_ratio: float | None = None  # readings this close to the floor count as quiet (rule="egeria")
 
     def build(self) -> Controller:
         return Controller(
@@ -82,6 +83,7 @@ class ControllerSpec:
             fixed_probe=self.fixed_probe,
             settle_ratio=self.settle_ratio,
             regimes=self.regimes,
+            floor_ratio=self.floor_ratio,
         )
 
 

@@ -343,6 +343,7 @@ class KnowledgeGuided:
             cpus,
             cfg.settle_ratio,
             cfg.rule == "egeria",
+            cfg.floor_ratio or None,  # 0: off, no floors measured
         )
 
     @property
