@@ -261,7 +261,7 @@ def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_ru
     assert (default.window, default.settle_ratio, default.unfreeze_lr_drop, default.max_frozen_params) == (
         3, 0.03, math.inf, 0.25
     )
-    assert default.floor_ratio == 2.0
+    assert default.floor_ratio == 8.0
     paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
     assert (paper.window, paper.settle_ratio, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
     assert paper.floor_ratio is None
