@@ -4,12 +4,14 @@ the fields given changed, or plain training.
 
     .venv/bin/python benchmarks/demo_arm.py SEED egeria unfreeze_lr_drop=10 [FIELD=VALUE ...]
     .venv/bin/python benchmarks/demo_arm.py SEED plain
+    .venv/bin/python benchmarks/demo_arm.py SEED egeria --history FILE [FIELD=VALUE ...]
 
 Prints one JSON line: the seed, the arm, the changed fields, the per-epoch test accuracy,
 the training time, the mean training loss over the last LR phase, Egeria's decisions, and
 how many steps its losses matched those of the committed demo's plain arm of that seed
 (``benchmarks/results/demo/seedS/demo.json``; the two arms match until the first freeze when
-the machine and thread count are the same), with that arm's last-phase loss beside it.
+the machine and thread count are the same), with that arm's last-phase loss beside it. ``--history FILE`` also writes the Egeria arm's readings
+(``eg.history``, with the seed and the config) as JSON, for ``benchmarks/reading_floor.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,18 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[1] not in ("plain", "egeria"):
         raise SystemExit(__doc__)
     seed, arm = int(argv[0]), argv[1]
+    rest = list(argv[2:])
+    history = None
+    if "--history" in rest:
+        at = rest.index("--history")
+        if at + 1 >= len(rest):
+            raise SystemExit("--history needs a file name")
+        history = Path(rest.pop(at + 1))
+        rest.pop(at)
+        if arm != "egeria":
+            raise SystemExit("--history writes the Egeria arm's readings; the plain arm has none")
     changed = {}
-    for item in argv[2:]:
+    for item in rest:
         field, _, text = item.partition("=")
         try:
             changed[field] = json.loads(text)
@@ -56,6 +68,10 @@ def main(argv: list[str]) -> None:
         result["matches_committed_plain_through"] = demo.identical_through(losses, plain)
         result["committed_plain_last_phase_loss"] = round(sum(plain[last:]) / len(plain[last:]), 4)
     print(json.dumps(result))
+    if history is not None:
+        readings = {"task": "demo", "seed": seed, "config": config.to_dict(), "plasticity": extra.get("history", [])}
+        history.parent.mkdir(parents=True, exist_ok=True)
+        history.write_text(json.dumps(readings) + "\n")
 
 
 if __name__ == "__main__":

@@ -159,10 +159,11 @@ class EgeriaConfig:
     # reference's own error, measured after each refresh at one more reference forward).
     # The slope and settle_ratio cannot see a module that starts converged: a fine-tuned
     # front's drift never falls far below its first readings. None: the rule's own, off
-    # (paper) or 8.0 (egeria: fine-tuning resnet-fmnist's ResNet-20 on MNIST, the front's
-    # smoothed readings sat at a median 5-7x their floor, and freezing there kept plain's
-    # accuracy, while training from scratch read 1,000-5,000x at LR 0.1 and a median
-    # 48-82x at LR 0.01; benchmarks/README.md, "The floor of a reading"); 0 turns it off.
+    # (paper) or 8.0 (egeria: fine-tuning resnet-fmnist's ResNet-20 on MNIST, the front
+    # read a median 5-31x its floor and settle_ratio's level lay 1.2-6.6x above it;
+    # freezing at 8x kept plain's accuracy. From scratch that level lies 170-250x above
+    # the floor, so 8x fires only where it already holds; benchmarks/README.md, "The floor
+    # of a reading"). 0 turns it off.
     floor_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a
     # derived n, n is lengthened once, early, to keep within it (measured on the first
