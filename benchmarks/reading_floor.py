@@ -68,13 +68,13 @@ def measured_floors(run: dict, weights: Path) -> dict[str, float]:
     model.eval()
     size = run["config"].get("probe_size") or 32
     precision = resolve_precision(run["config"]["reference_precision"])
+    partition = partition_model(model, (data[0][0].unsqueeze(0),))
+    indices = list(range(partition.freezable))
     floors: dict[str, list[float]] = {}
     for _ in range(PROBES):
         picks = torch.randperm(len(data))[:size]
         inputs = torch.stack([data[int(i)][0] for i in picks])
         probe = ((inputs,), {})
-        partition = partition_model(model, (inputs[:2],))
-        indices = list(range(partition.freezable))
         reference = ReferenceModel(model, partition, precision)
         reference.refresh(model.state_dict(), 0, indices[-1], probe)
         with torch.no_grad():

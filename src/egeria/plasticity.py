@@ -9,9 +9,10 @@ first three slopes are known: ``tolerance_ratio`` x the largest of their magnitu
 A reading can also come with the module's *floor*: what a reading reads when the module has
 not moved at all (the reference's own error against the training side, measured right after
 a refresh). With ``floor_ratio``, a module is *quiet* at a reading whose smoothed plasticity
-is at most ``floor_ratio`` x its smoothed floor: its drift is lost in the reference's error,
-so the slope is noise and says nothing (``rule="egeria"``; a fine-tuned front reads at its
-floor from the first reading on).
+is at most ``floor_ratio`` x its smoothed floor: its drift is within a few times the
+reference's own error, where the slope is mostly noise (``rule="egeria"``; a fine-tuned
+front reads at a median 5-31x its floor, a front trained from scratch 1,000-5,000x at a
+high learning rate).
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ class FrontRule:
             schedule's last decay, and this lets the modules it held freeze soon after).
         floor_ratio: a module also settles after W consecutive readings whose smoothed
             plasticity is at most this many times its smoothed floor (what it reads when it
-            has not moved): its drift is lost in the reference's own error, where neither
-            the slope nor ``settle_ratio`` can tell (a fine-tuned front). None: floors are
-            not compared.
+            has not moved): a module that starts converged (a fine-tuned front) never sees
+            its drift fall far below its first readings, so neither the slope nor
+            ``settle_ratio`` can tell. None: floors are not compared.
     """
 
     def __init__(self, window: int, tolerance_ratio: float, *, settle_ratio: float | None = None,
