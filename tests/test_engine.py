@@ -249,6 +249,9 @@ def _params_of(model, eg, module_name):
         ("controller_timeout", 0),
         ("max_lag_intervals", 0),
         ("wait_for_last_decay", "yes"),
+        ("floor_ratio", -1.0),
+        ("ceiling_ratio", float("inf")),
+        ("ceiling_ratio", 4.0),  # below the default floor_ratio of 8
     ],
 )
 def test_invalid_config_names_field_and_value(field, value):

@@ -23,12 +23,13 @@ from tiny import Chain, batches, quick_config, train
 
 
 def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision: str = "fp32",
-                floor_ratio: float | None = None):
+                floor_ratio: float | None = None, ceiling_ratio: float | None = None):
     torch.manual_seed(0)
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     spec = ControllerSpec(
-        partition, float_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe, floor_ratio=floor_ratio
+        partition, float_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe,
+        floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio,
     )
     return model, partition, InlineExecutor(spec)
 
@@ -189,6 +190,43 @@ def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
     assert set(state["floors"]) == {"0", "1"}
 
 
+@pytest.mark.parametrize("floor_ratio, ceiling_ratio", [(2.0, None), (None, 10.0)])
+def test_a_module_far_above_its_floor_is_held_by_the_ceiling_however_flat_its_slope(floor_ratio, ceiling_ratio):
+    model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio)
+    executor.service.controller.rule.tolerance_ratio = 1e9  # every slope is within tolerance
+    x = torch.randn(16, 8)
+    results = []
+    for seq in range(1, 9):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        results.append(_evaluate(executor, model, seq, x))
+    rows = [row for r in results[2:] for row in r.readings]
+    # Floors are measured for either ratio (the ceiling alone too), and the module moves:
+    # it reads more than 100x its floor, so a ceiling of 10x holds what the slope freezes.
+    assert all(row["plasticity"] > 100 * row["floor"] for row in rows)
+    assert all(row["above_ceiling"] is (ceiling_ratio is not None) for row in rows)
+    frozen = [r.decision for r in results if r.decision is not None]
+    assert (frozen == []) is (ceiling_ratio is not None)
+
+
+def test_the_ceiling_releases_a_module_once_its_drift_is_within_it_and_stops_a_carry_over():
+    rule = FrontRule(window=3, tolerance_ratio=0.2, regimes=True, ceiling_ratio=100.0)
+    for _ in range(6):  # flat at 1,000x the floor: stale, but held
+        reading = rule.read(0, 1.0, lr=0.1, floor=1e-3)
+    assert reading.stale >= 3 and rule.above_ceiling(0) and not rule.settled(0)
+    rule.read(0, 1.0, lr=0.01)  # the rate falls 10x: a module held by the ceiling carries nothing over
+    rule.read(0, 1.0, lr=0.01, floor=1e-3)
+    assert not rule.carried_over(0) and not rule.settled(0)
+    for _ in range(3):  # the floor rises to 1/50 of the reading: within the ceiling
+        rule.read(0, 1.0, lr=0.01, floor=0.02)
+    assert not rule.above_ceiling(0) and rule.settled(0)
+    no_floor = FrontRule(window=3, tolerance_ratio=0.2, ceiling_ratio=100.0)
+    for _ in range(6):
+        no_floor.read(0, 1.0)
+    assert not no_floor.above_ceiling(0) and no_floor.settled(0)  # no floor known: the ceiling holds nothing
+
+
 @pytest.mark.parametrize("rule", ["egeria", "paper"])
 def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_average(rule):
     torch.manual_seed(0)
@@ -261,10 +299,10 @@ def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_ru
     assert (default.window, default.settle_ratio, default.unfreeze_lr_drop, default.max_frozen_params) == (
         3, 0.03, math.inf, 0.25
     )
-    assert default.floor_ratio == 8.0
+    assert (default.floor_ratio, default.ceiling_ratio) == (8.0, 300.0)
     paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
     assert (paper.window, paper.settle_ratio, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
-    assert paper.floor_ratio is None
+    assert (paper.floor_ratio, paper.ceiling_ratio) == (None, None)
     assert paper == egeria.EgeriaConfig(rule="paper")
     mine = egeria.EgeriaConfig(rule="paper", window=5, settle_ratio=0.2)  # values given stay under either rule
     assert (mine.replace(rule="egeria").window, mine.replace(rule="egeria").settle_ratio) == (5, 0.2)

@@ -25,7 +25,7 @@ own rule already says so.
 With ``fixed_probe`` every reading uses the batch of the first evaluation (the *probe*)
 instead of the evaluation's own batch, so readings carry no batch-to-batch noise.
 
-With ``floor_ratio`` the controller also measures each watched module's *floor* right
+With ``floor_ratio`` or ``ceiling_ratio`` the controller also measures each watched module's *floor* right
 after a refresh: the SP loss between the refreshed reference and the training activations
 of the same weights and batch, i.e. what a reading reads when the module has not moved.
 The next reading is compared with it (:class:`~egeria.rule.FrontRule`); it costs one more
@@ -77,7 +77,7 @@ class Controller:
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
         fixed_probe: read every evaluation on the first evaluation's batch.
-        settle_ratio, regimes, floor_ratio: as in :class:`~egeria.rule.FrontRule`.
+        settle_ratio, regimes, floor_ratio, ceiling_ratio: as in :class:`~egeria.rule.FrontRule`.
     """
 
     def __init__(
@@ -95,6 +95,7 @@ class Controller:
         settle_ratio: float | None = None,
         regimes: bool = False,
         floor_ratio: float | None = None,
+        ceiling_ratio: float | None = None,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -103,7 +104,8 @@ class Controller:
         self.threads = threads
         self.span = span
         self.fixed_probe = fixed_probe
-        self.rule = FrontRule(window, tolerance_ratio, settle_ratio=settle_ratio, regimes=regimes, floor_ratio=floor_ratio)
+        self.rule = FrontRule(window, tolerance_ratio, settle_ratio=settle_ratio, regimes=regimes,
+                              floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio)
         self.floors: dict[int, float] = {}  # each watched module's floor at the latest refresh
         self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
@@ -225,6 +227,7 @@ class Controller:
             "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
             "floor": reading.floor,  # the smoothed floor (None: not measured)
             "quiet": reading.quiet,
+            "above_ceiling": self.rule.above_ceiling(index),  # held: drift far above the floor
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
@@ -250,12 +253,12 @@ class Controller:
                  training: Mapping[int, torch.Tensor | Gram] | None = None) -> None:
         """Refreshes the reference from ``weights``; with ``training`` (the watched modules'
         training activations for these weights and the request's batch) and a
-        ``floor_ratio``, measures the floors."""
+        ``floor_ratio`` or ``ceiling_ratio``, measures the floors."""
         assert self.reference is not None
         batch = self._batch(request)
         self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
-        if training is None or self.rule.floor_ratio is None:
+        if training is None or (self.rule.floor_ratio is None and self.rule.ceiling_ratio is None):
             return
         indices = [i for i in self.watched if i in training]
         if not indices:

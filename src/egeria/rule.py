@@ -36,15 +36,22 @@ class FrontRule:
             has not moved): a module that starts converged (a fine-tuned front) never sees
             its drift fall far below its first readings, so neither the slope nor
             ``settle_ratio`` can tell. None: floors are not compared.
+        ceiling_ratio: no module settles, by any test, while its smoothed plasticity is
+            more than this many times its smoothed floor: a drift thousands of times the
+            reference's own error is a module still learning, however flat its slope or far
+            below its peak (a language model under a schedule that states no decays). None:
+            no ceiling; a module whose floor is not known is not held by it.
     """
 
     def __init__(self, window: int, tolerance_ratio: float, *, settle_ratio: float | None = None,
-                 regimes: bool = False, floor_ratio: float | None = None) -> None:
+                 regimes: bool = False, floor_ratio: float | None = None,
+                 ceiling_ratio: float | None = None) -> None:
         self.window = window
         self.tolerance_ratio = tolerance_ratio
         self.settle_ratio = settle_ratio
         self.regimes = regimes
         self.floor_ratio = floor_ratio
+        self.ceiling_ratio = ceiling_ratio
         self.watches: dict[int, ModuleWatch] = {}
         self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
         self.carried: set[int] = set()  # modules that had settled when the learning rate last fell
@@ -76,15 +83,25 @@ class FrontRule:
     def settled(self, index: int) -> bool:
         """The rule says freeze: W stale readings (or, for a module that had settled when
         the learning rate fell, one reading since), and (with ``settle_ratio``) a level at
-        most that share of the module's peak; or W quiet readings (at the floor)."""
+        most that share of the module's peak; or W quiet readings (at the floor); and in
+        either case (with ``ceiling_ratio``) a level not above the ceiling."""
         watch = self.watches.get(index)
-        if watch is None or not watch.smoothed:
+        if watch is None or not watch.smoothed or self.above_ceiling(index):
             return False
         if self.quiet(index):
             return True
         if watch.stale < self.window and index not in self.carried:
             return False
         return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
+
+    def above_ceiling(self, index: int) -> bool:
+        """Whether module ``index``'s smoothed plasticity is above ``ceiling_ratio`` x its
+        smoothed floor (False without a ceiling or a known floor)."""
+        watch = self.watches.get(index)
+        if self.ceiling_ratio is None or watch is None or not watch.smoothed:
+            return False
+        level = watch.floor_level
+        return level is not None and watch.smoothed[-1] > self.ceiling_ratio * level
 
     def quiet(self, index: int) -> bool:
         """Whether module ``index`` has read at its floor for W readings."""

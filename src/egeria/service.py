@@ -69,6 +69,7 @@ class ControllerSpec:
     settle_ratio: float | None = None
     regimes: bool = False  # a learning-rate change restarts the watches' averages (rule="egeria")
     floor_ratio: float | None = None  # readings this close to the floor count as quiet (rule="egeria")
+    ceiling_ratio: float | None = None  # no freeze while readings are this far above the floor (rule="egeria")
 
     def build(self) -> Controller:
         return Controller(
@@ -84,6 +85,7 @@ class ControllerSpec:
             settle_ratio=self.settle_ratio,
             regimes=self.regimes,
             floor_ratio=self.floor_ratio,
+            ceiling_ratio=self.ceiling_ratio,
         )
 
 

@@ -344,6 +344,7 @@ class KnowledgeGuided:
             cfg.settle_ratio,
             cfg.rule == "egeria",
             cfg.floor_ratio or None,  # 0: off, no floors measured
+            cfg.ceiling_ratio or None,
         )
 
     @property
