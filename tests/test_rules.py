@@ -173,16 +173,22 @@ def test_a_module_that_does_not_move_reads_its_floor_and_freezes_though_it_never
     assert "the reference's own error" in decision.reason
 
 
-def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
-    model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0)
-    executor.service.controller.rule.settle_ratio = 0.5
+def _evaluate_moving(executor, model, evaluations: int) -> list:
+    """Evaluations 1 to ``evaluations`` on one batch, the weights moved by noise before each."""
     x = torch.randn(16, 8)
     results = []
-    for seq in range(1, 9):
+    for seq in range(1, evaluations + 1):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         results.append(_evaluate(executor, model, seq, x))
+    return results
+
+
+def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
+    model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0)
+    executor.service.controller.rule.settle_ratio = 0.5
+    results = _evaluate_moving(executor, model, evaluations=8)
     rows = [row for r in results[2:] for row in r.readings]
     assert all(row["plasticity"] > 100 * row["floor"] for row in rows)
     assert all(row["quiet"] == 0 for row in rows) and all(r.decision is None for r in results)
@@ -194,13 +200,7 @@ def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
 def test_a_module_far_above_its_floor_is_held_by_the_ceiling_however_flat_its_slope(floor_ratio, ceiling_ratio):
     model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio)
     executor.service.controller.rule.tolerance_ratio = 1e9  # every slope is within tolerance
-    x = torch.randn(16, 8)
-    results = []
-    for seq in range(1, 9):
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        results.append(_evaluate(executor, model, seq, x))
+    results = _evaluate_moving(executor, model, evaluations=8)
     rows = [row for r in results[2:] for row in r.readings]
     # Floors are measured for either ratio (the ceiling alone too), and the module moves:
     # it reads more than 100x its floor, so a ceiling of 10x holds what the slope freezes.
