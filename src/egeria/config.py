@@ -170,8 +170,9 @@ class EgeriaConfig:
     # slope or far below its peak. None: the rule's own, off (paper) or 300.0 (egeria: on
     # the whole PTB text under an inverse-square-root schedule, which states no decays for
     # the hold, the slope froze the LM's front at 2,800x its floor and cost 4% perplexity;
-    # its front never read below 2,300x. From scratch the CNNs froze at 2-42x and
-    # fine-tuned ones at under 8x; benchmarks/README.md, "A ceiling over the floor").
+    # its front never read below 2,300x. From scratch the demo froze at 2-22x and read at
+    # most 124x in the phase before its last decay; fine-tuned fronts froze at 2-7x;
+    # benchmarks/README.md, "A ceiling over the floor").
     # Measured with a bf16 reference; an int8 reference's floor is 10-50x higher. 0 turns
     # it off.
     ceiling_ratio: float | None = None
