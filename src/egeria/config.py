@@ -253,10 +253,8 @@ class EgeriaConfig:
         _check_fraction(self, "tolerance_ratio", allow_above_one=True)
         if self.settle_ratio is not None:
             _check_fraction(self, "settle_ratio", allow_above_one=False)
-        if self.floor_ratio is not None and not (_finite_number(self.floor_ratio) and self.floor_ratio >= 0):
-            raise ValueError(f"EgeriaConfig.floor_ratio={self.floor_ratio!r} must be a finite number >= 0 (0: off)")
-        if self.ceiling_ratio is not None and not (_finite_number(self.ceiling_ratio) and self.ceiling_ratio >= 0):
-            raise ValueError(f"EgeriaConfig.ceiling_ratio={self.ceiling_ratio!r} must be a finite number >= 0 (0: off)")
+        _check_optional_ratio(self, "floor_ratio")
+        _check_optional_ratio(self, "ceiling_ratio")
         if self.floor_ratio and self.ceiling_ratio and self.ceiling_ratio < self.floor_ratio:
             raise ValueError(
                 f"EgeriaConfig.ceiling_ratio={self.ceiling_ratio!r} must not be below floor_ratio={self.floor_ratio!r} "
@@ -401,6 +399,13 @@ def _check_fraction(cfg: EgeriaConfig, name: str, *, allow_above_one: bool) -> N
     value = getattr(cfg, name)
     if not _finite_number(value) or value <= 0 or (not allow_above_one and value > 1):
         raise ValueError(f"EgeriaConfig.{name}={value!r} must be a finite number > 0")
+
+
+def _check_optional_ratio(cfg: EgeriaConfig, name: str) -> None:
+    """None (the rule's own), 0 (off) or a finite positive ratio."""
+    value = getattr(cfg, name)
+    if value is not None and not (_finite_number(value) and value >= 0):
+        raise ValueError(f"EgeriaConfig.{name}={value!r} must be a finite number >= 0 (0: off)")
 
 
 def _check_modules(modules: object) -> None:

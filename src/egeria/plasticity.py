@@ -126,17 +126,13 @@ class ModuleWatch:
         if slope is not None and self.tolerance is not None:
             flat_floor = _RELATIVE_FLAT * max(abs(v) for v in self.smoothed)
             self.stale = self.stale + 1 if abs(slope) <= max(self.tolerance, flat_floor) else 0
-        level = self._floor_level(floor)
+        if floor is not None:
+            self.floors = (self.floors + [float(floor)])[-self.window:]
+        level = self.floor_level
         quiet = self.floor_ratio is not None and level is not None and smoothed <= self.floor_ratio * level
         self.quiet = self.quiet + 1 if quiet else 0
         freeze = self.stale >= self.window or self.quiet >= self.window
         return Reading(float(plasticity), smoothed, slope, self.tolerance, self.stale, freeze, floor=level, quiet=self.quiet)
-
-    def _floor_level(self, floor: float | None) -> float | None:
-        """The smoothed floor with ``floor`` added (None: none known)."""
-        if floor is not None:
-            self.floors = (self.floors + [float(floor)])[-self.window:]
-        return self.floor_level
 
     @property
     def floor_level(self) -> float | None:
