@@ -15,7 +15,12 @@ def _train_half(dtype: torch.dtype, steps: int):
     torch.manual_seed(0)
     model = tiny_cnn().to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    eg = egeria.Egeria(model, opt, config=quick_config())
+    # A wide tolerance: what is tested is reading a half-precision model and keeping its
+    # frozen weights, not the rule's timing. At the default 0.2 the stale count hangs on
+    # slopes within float noise of the tolerance, so whether a module froze within 40 steps
+    # depended on the CPU's int8 kernels (none froze on an AVX2-only machine, bf16 model);
+    # at 3.0 every reference precision (int8, bf16, fp32) freezes the stem at step 8.
+    eg = egeria.Egeria(model, opt, config=quick_config(tolerance_ratio=3.0))
     snapshot: dict[str, torch.Tensor] = {}
     for x, y in batches(1, image=True) * steps:
         loss = F.cross_entropy(model(x.to(dtype)).float(), y)
