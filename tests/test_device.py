@@ -127,7 +127,7 @@ def test_reference_device_choices_and_refusals():
 
     model = Chain()
     assert resolve_executor("auto", model, "model") == "inline"
-    assert resolve_precision("auto", torch.device("cuda")) == "bf16"
+    assert resolve_precision("auto") == "bf16" and resolve_precision("int8") == "int8"
     assert reference_home("model", model) == torch.device("cpu") and reference_home("cpu", model).type == "cpu"
     on_meta = float_snapshot(model, "meta")  # the snapshot goes where it is asked, weights and all
     assert {p.device.type for p in on_meta.parameters()} == {"meta"} and not any(p.requires_grad for p in on_meta.parameters())

@@ -123,3 +123,75 @@ def test_block_that_cannot_be_quantized_falls_back_to_fp32_and_says_why(caplog):
     assert "front runs in fp32: static quantization failed" in caplog.text
     expected = training_activation(model, partition, example, 0)
     torch.testing.assert_close(ref.activation((example, {}), 0), expected)
+
+
+def _bf16_numerics(monkeypatch, native: bool) -> None:
+    """Makes this CPU look like one with (or without) native bf16 arithmetic."""
+    import egeria.quantization
+
+    monkeypatch.setattr(egeria.quantization, "native_bf16", lambda: native)
+
+
+@pytest.mark.parametrize("native, kind", [(True, "bf16"), (False, "bf16-rounded")])
+def test_a_bf16_reference_casts_where_the_cpu_has_bf16_and_rounds_in_fp32_elsewhere(monkeypatch, native, kind):
+    _bf16_numerics(monkeypatch, native)
+    model = resnet(depth=8, in_channels=1, width=8)
+    example = (torch.randn(8, 1, 16, 16),)
+    partition, ref, last = reference_for(model, example, "bf16")
+    assert {ref.kinds[b] for j in range(last + 1) for b in partition.modules[j].blocks} == {kind}
+    act = ref.activation((example, {}), last)
+    torch.testing.assert_close(act, act.bfloat16().float(), rtol=0, atol=0)  # every value is a bf16 value
+    expected = training_activation(model, partition, example, last)
+    assert 0 < egeria.sp_loss(act, expected).item() < 1e-3
+
+
+@pytest.mark.parametrize("which", ["resnet", "lm"])
+def test_rounding_in_fp32_reads_the_error_of_bf16_arithmetic(which):
+    """The rule's floor and ceiling ratios are measured against a bf16 reference's error;
+    the rounded fp32 blocks must read about the same error: within 10% on ResNet-20 over
+    three seeds (1.3x allowed), 0.6x to 1.2x on the LM, where the error of one bf16
+    computation against another varies that much between seeds (2x allowed)."""
+    from egeria.quantization import CastBlock, RoundedBlock
+    from egeria.similarity import sp_loss
+
+    torch.manual_seed(0)
+    if which == "resnet":
+        model = resnet(depth=20, in_channels=1, width=16).eval()
+        for m in model.modules():  # running statistics away from the identity
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 2.0)
+        blocks = [model.conv1, model.bn1, *model.layer1, *model.layer2]
+        x = torch.randn(32, 1, 28, 28)
+    else:
+        model = TransformerLM(vocab_size=500, d_model=128, n_heads=4, n_layers=3, d_ff=512, dropout=0.0).eval()
+        blocks = list(model.layers)
+        tokens = torch.randint(0, 500, (16, 24))
+        with torch.no_grad():
+            x = model.embed(tokens) + model.pos(torch.arange(24))
+    errors = {}
+    with torch.no_grad():
+        exact = x
+        for block in blocks:
+            exact = block(exact)
+        for name, make in (("cast", lambda b: CastBlock(b, torch.bfloat16)), ("rounded", RoundedBlock)):
+            h = x
+            for block in blocks:
+                h = make(block)(h)
+            errors[name] = sp_loss(exact.reshape(len(x), -1), h.reshape(len(x), -1)).item()
+    band = 1.3 if which == "resnet" else 2.0
+    assert errors["cast"] > 0 and 1 / band < errors["rounded"] / errors["cast"] < band, errors
+
+
+def test_a_saved_bf16_reference_loads_on_a_cpu_with_the_other_bf16_arithmetic(monkeypatch):
+    model = resnet(depth=8, in_channels=1, width=8)
+    example = (torch.randn(8, 1, 16, 16),)
+    _bf16_numerics(monkeypatch, True)
+    partition, ref, last = reference_for(model, example, "bf16")
+    saved = ref.state_dict(model.state_dict())
+    _bf16_numerics(monkeypatch, False)
+    loaded = ReferenceModel(model, partition, "bf16")
+    loaded.load_state_dict(saved, model.state_dict())
+    assert set(loaded.kinds.values()) == {"bf16-rounded"}
+    a, b = ref.activation((example, {}), last), loaded.activation((example, {}), last)
+    assert egeria.sp_loss(a, b).item() < 1e-4  # the same numbers, up to fp32 accumulation order

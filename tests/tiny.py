@@ -87,7 +87,7 @@ def idle_step(optimizer: torch.optim.Optimizer, eg: egeria.Egeria, loss: float =
 
 def quick_config(**overrides) -> egeria.EgeriaConfig:
     """Evaluate every step with a short window so decisions come within tens of steps; an
-    int8 reference on every CPU ("auto" picks bf16 only where the CPU has it); no cost
+    int8 reference on every CPU (as these tests were written; "auto" picks bf16); no cost
     budget, whose warning depends on timing. The paper's rule, and under either rule no
     level condition, no ceiling over the floor, no parameter cap, no hold until a
     schedule's last decay and an unfreeze at a 10x LR drop, unless overridden:

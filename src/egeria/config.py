@@ -78,14 +78,15 @@ class EgeriaConfig:
     # two consecutive intervals of n steps falls below this.
     bootstrap_change_rate: float = 0.10
     # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
-    # or "auto": bf16 on CPUs with native bf16 (its refresh is a cast), else int8.
+    # or "auto": bf16 (its refresh is a cast, and floor_ratio and ceiling_ratio are measured
+    # with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values).
     reference_precision: str = "auto"
     # Where the controller's reference and fp32 front live. "cpu" (default): host copies,
     # so the controller can run beside the trainer on idle host cores (the paper's design).
     # "model": on the model's own device, in the training process (executor "inline";
     # "auto" picks it), so a reading crosses no device-host copy and runs at the
-    # accelerator's speed, taking a little of its time between steps; precision "auto"
-    # is then bf16 (int8 kernels are CPU-only).
+    # accelerator's speed, taking a little of its time between steps (int8 kernels are
+    # CPU-only).
     reference_device: str = "cpu"
     # Unfreeze every module when the learning rate has dropped by this factor or more
     # since the frontmost module froze. None: the rule's own, 10 (paper: a 10x step decay)

@@ -27,7 +27,7 @@ from torch import nn
 from .nested import map_tensors
 from .partition import Partition
 from .placement import model_device
-from .quantization import CONV_TYPES, CastBlock, StaticInt8, dynamic_int8, has_layers, int8_unavailable
+from .quantization import CONV_TYPES, StaticInt8, bf16_block, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
 from .threads import limited_threads
 from .truncated import outputs_until, run_until
@@ -53,7 +53,9 @@ class ReferenceModel:
         template: a model of the same structure (the controller's snapshot of the training
             model, on the device the reference is to live on); it is copied, never modified.
         partition: its layer modules.
-        precision: ``"int8"``, ``"bf16"`` or ``"fp32"``.
+        precision: ``"int8"``, ``"bf16"`` or ``"fp32"``. bf16 blocks compute in bf16
+            where that is fast, else in fp32 on bf16-rounded values
+            (:func:`~egeria.quantization.bf16_block`).
         threads: torch threads for the reference's work (None: leave torch's setting).
     """
 
@@ -132,8 +134,7 @@ class ReferenceModel:
             self.kinds[name] = "fp32"
             return
         if self.precision == "bf16":
-            self._built[name] = CastBlock(block, torch.bfloat16)
-            self.kinds[name] = "bf16"
+            self._built[name], self.kinds[name] = bf16_block(block)
             return
         kind, reason = "fp32", "it has no convolution or Linear layer"
         if has_layers(block, CONV_TYPES):
@@ -300,8 +301,8 @@ class ReferenceModel:
             self._built[name] = self._static_int8(name, block, None, observers or {})
         elif kind == "int8-dynamic":
             self._built[name] = dynamic_int8(block)
-        elif kind == "bf16":
-            self._built[name] = CastBlock(block, torch.bfloat16)
+        elif kind in ("bf16", "bf16-rounded"):  # the same numbers: this machine's faster way
+            self._built[name], kind = bf16_block(block)
         elif kind != "fp32":
             raise ValueError(f"unknown reference block kind {kind!r} in saved state")
         self.kinds[name] = kind

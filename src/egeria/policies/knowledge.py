@@ -332,7 +332,7 @@ class KnowledgeGuided:
         return ControllerSpec(
             self._binding.partition,
             float_snapshot(self._binding.model, self._home),
-            resolve_precision(cfg.reference_precision, self._home),
+            resolve_precision(cfg.reference_precision),
             self.window,
             cfg.tolerance_ratio,
             cfg.reference_refresh,
