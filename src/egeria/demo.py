@@ -35,6 +35,7 @@ from .config import EgeriaConfig
 from .engine import Egeria
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
+from .quantization import native_bf16
 
 __all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through"]
 
@@ -118,7 +119,8 @@ def run_demo(
         f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at steps {', '.join(map(str, milestones))}; "
         f"Egeria with its default configuration (rule {config.rule!r}, window {config.window}, executor "
         f"{config.executor!r}, cost budget {config.cost_budget:.0%}"
-        f"{', freezes held until the last lr drop' if config.wait_for_last_decay else ''}) and its activation cache",
+        f"{', freezes held until the last lr drop' if config.wait_for_last_decay else ''}, {_reference_words()}) "
+        "and its activation cache",
     )
 
     runs: dict[str, dict] = {}
@@ -185,6 +187,13 @@ def prepare(s: DemoSettings, seed: int, data_root: str | Path | None = None) -> 
 def identical_through(a: list[float], b: list[float]) -> int:
     """How many leading steps two runs' per-step losses are bit-identical for."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _reference_words() -> str:
+    """How the default reference computes on this machine (the demo's model is on the CPU)."""
+    if native_bf16():
+        return "a bf16 reference"
+    return "a bf16 reference computed in fp32 on bf16-rounded values, this CPU having no native bf16"
 
 
 def _in_fresh_process(fn: Any, *args: Any) -> Any:
