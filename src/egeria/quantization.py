@@ -6,7 +6,7 @@ arguments the blocks take. Convolutional blocks get static int8 post-training
 quantization (FX graph mode, ``x86`` backend, calibrated on real activations);
 Linear-only blocks get dynamic int8 quantization; bf16 casts a block and its inputs
 (:class:`CastBlock`) where the CPU has native bf16 arithmetic, and elsewhere computes in
-fp32 on values rounded to bf16 (:class:`RoundedBlock`: the same numbers, at fp32 speed).
+fp32 on values rounded to bf16 (:class:`RoundedBlock`: the same numbers, many times faster there).
 ``torch.ao.quantization`` is deprecated in recent PyTorch: its warnings are silenced
 here, and where it is missing :func:`int8_unavailable` says why and callers fall back.
 """
@@ -176,15 +176,17 @@ class CastBlock(nn.Module):
 
 class RoundedBlock(nn.Module):
     """bf16 numerics in fp32 arithmetic: a copy of ``block`` whose floating weights and
-    buffers are rounded to bf16, whose floating inputs and every leaf module's outputs are
-    rounded to bf16, and which computes in fp32.
+    buffers are rounded to bf16, whose floating inputs and every leaf module's inputs and
+    outputs are rounded to bf16, and which computes in fp32.
 
     A CPU without native bf16 arithmetic (no AVX512-BF16 or AMX) runs torch's bf16 kernels
-    15 to 20x slower than fp32; this block runs at about fp32 speed and reads the same
+    11 to 20x slower than fp32; this block takes 1.3 to 2.5x an fp32 forward's time (its
+    rounding passes; ResNet-20 on an AVX2-only CPU, ``benchmarks/README.md``) and reads the same
     error: its SP loss against the fp32 activations is within 10% of a
     :class:`CastBlock`'s at every ResNet-20 module and 0.6x to 1.2x of it on the Transformer
     LM, where two bf16 computations' errors differ that much between seeds
     (``tests/test_reference.py``).
+
     Rounding each leaf's inputs and outputs stands for the bf16 result of each layer and of
     the functional ops between layers (an activation, attention); a residual add's sum
     stays in fp32 until the next rounding.
