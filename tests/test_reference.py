@@ -145,16 +145,12 @@ def test_a_bf16_reference_casts_where_the_cpu_has_bf16_and_rounds_in_fp32_elsewh
     assert 0 < egeria.sp_loss(act, expected).item() < 1e-3
 
 
-@pytest.mark.parametrize("which", ["resnet", "lm"])
-def test_rounding_in_fp32_reads_the_error_of_bf16_arithmetic(which):
-    """The rule's floor and ceiling ratios are measured against a bf16 reference's error;
-    the rounded fp32 blocks must read about the same error: within 10% on ResNet-20 over
-    three seeds (1.3x allowed), 0.6x to 1.2x on the LM, where the error of one bf16
-    computation against another varies that much between seeds (2x allowed)."""
+def _bf16_errors(which: str, seed: int) -> dict[str, float]:
+    """SP loss against fp32 of a stack of blocks run as CastBlocks and as RoundedBlocks."""
     from egeria.quantization import CastBlock, RoundedBlock
     from egeria.similarity import sp_loss
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     if which == "resnet":
         model = resnet(depth=20, in_channels=1, width=16).eval()
         for m in model.modules():  # running statistics away from the identity
@@ -179,19 +175,65 @@ def test_rounding_in_fp32_reads_the_error_of_bf16_arithmetic(which):
             for block in blocks:
                 h = make(block)(h)
             errors[name] = sp_loss(exact.reshape(len(x), -1), h.reshape(len(x), -1)).item()
+    return errors
+
+
+@pytest.mark.parametrize("which", ["resnet", "lm"])
+def test_rounding_in_fp32_reads_the_error_of_bf16_arithmetic(which):
+    """The rule's floor and ceiling ratios are measured against a bf16 reference's error;
+    the rounded fp32 blocks must read about the same error. Measured on an AVX2 CPU: within
+    10% on ResNet-20 over three seeds, 0.6x to 1.2x on the LM, where the error of one bf16
+    computation against another varies that much between seeds. The median ratio of three
+    seeds must lie within 1.3x (ResNet) or 2x (LM): CPUs differ in their bf16 kernels."""
+    ratios = []
+    for seed in range(3):
+        errors = _bf16_errors(which, seed)
+        assert errors["cast"] > 0, errors
+        ratios.append(errors["rounded"] / errors["cast"])
     band = 1.3 if which == "resnet" else 2.0
-    assert errors["cast"] > 0 and 1 / band < errors["rounded"] / errors["cast"] < band, errors
+    assert 1 / band < sorted(ratios)[1] < band, ratios
 
 
-def test_a_saved_bf16_reference_loads_on_a_cpu_with_the_other_bf16_arithmetic(monkeypatch):
+def test_rounded_blocks_take_named_tuples_any_float_input_and_script_modules():
+    from egeria.quantization import RoundedBlock
+
+    class Packed(torch.nn.Module):  # an LSTM over a packed sequence: a named tuple between leaves
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = torch.nn.LSTM(4, 4, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            packed = torch.nn.utils.rnn.pack_padded_sequence(x, [x.shape[1]] * len(x), batch_first=True)
+            return torch.nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True)[0]
+
+    x = torch.randn(3, 5, 4)
+    out = RoundedBlock(Packed())(x)
+    assert out.shape == (3, 5, 4) and torch.equal(out, out.bfloat16().float())
+    conv = torch.nn.Conv2d(1, 2, 3)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):  # inputs in other float dtypes
+        assert RoundedBlock(conv)(torch.randn(1, 1, 5, 5).to(dtype)).dtype == torch.float32
+    scripted = torch.nn.Sequential(torch.jit.script(torch.nn.Linear(4, 4)), torch.nn.ReLU())
+    assert RoundedBlock(scripted)(torch.randn(2, 4)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("saved_native", [True, False])
+def test_a_saved_bf16_reference_loads_on_a_cpu_with_the_other_bf16_arithmetic(monkeypatch, saved_native):
     model = resnet(depth=8, in_channels=1, width=8)
     example = (torch.randn(8, 1, 16, 16),)
-    _bf16_numerics(monkeypatch, True)
+    _bf16_numerics(monkeypatch, saved_native)
     partition, ref, last = reference_for(model, example, "bf16")
-    saved = ref.state_dict(model.state_dict())
-    _bf16_numerics(monkeypatch, False)
+    with torch.no_grad():  # the model trains on after the refresh: the reference holds older weights
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    saved = ref.state_dict(model.state_dict())  # saved beside the model's state of now
+    assert set(saved["kinds"].values()) == {"bf16"}  # one name for the same numbers: older versions load it
+    assert saved["tensors"]
+    before = ref.activation((example, {}), last)
+    _bf16_numerics(monkeypatch, not saved_native)
     loaded = ReferenceModel(model, partition, "bf16")
     loaded.load_state_dict(saved, model.state_dict())
-    assert set(loaded.kinds.values()) == {"bf16-rounded"}
-    a, b = ref.activation((example, {}), last), loaded.activation((example, {}), last)
-    assert egeria.sp_loss(a, b).item() < 1e-4  # the same numbers, up to fp32 accumulation order
+    assert set(loaded.kinds.values()) == {"bf16" if not saved_native else "bf16-rounded"}
+    after = loaded.activation((example, {}), last)
+    # the old snapshot's numbers, up to fp32 accumulation order: far under its drift from now
+    drift = egeria.sp_loss(before, training_activation(model, partition, example, last)).item()
+    assert egeria.sp_loss(before, after).item() < 1e-3 * drift

@@ -174,7 +174,7 @@ class EgeriaConfig:
     # its front never read below 2,300x. From scratch the demo froze at 2-22x and read at
     # most 124x in the phase before its last decay; fine-tuned fronts froze at 2-7x;
     # benchmarks/README.md, "A ceiling over the floor").
-    # Measured with a bf16 reference; an int8 reference's floor is 10-50x higher. 0 turns
+    # Measured with a bf16 reference; an int8 reference's floor is 10-65x higher. 0 turns
     # it off.
     ceiling_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a

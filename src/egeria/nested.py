@@ -10,12 +10,14 @@ __all__ = ["map_leaves", "map_tensors", "leaves", "first_tensor"]
 
 
 def map_leaves(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
-    """``value`` with ``fn`` applied to each leaf (``is_leaf``), through tuples, lists and
-    dict values; anything else is kept as it is."""
+    """``value`` with ``fn`` applied to each leaf (``is_leaf``), through tuples (named
+    tuples such as ``PackedSequence`` keep their type), lists and dict values; anything
+    else is kept as it is."""
     if is_leaf(value):
         return fn(value)
     if isinstance(value, tuple):
-        return tuple(map_leaves(v, is_leaf, fn) for v in value)
+        mapped = [map_leaves(v, is_leaf, fn) for v in value]
+        return type(value)(*mapped) if hasattr(value, "_fields") else tuple(mapped)
     if isinstance(value, list):
         return [map_leaves(v, is_leaf, fn) for v in value]
     if isinstance(value, dict):

@@ -14,6 +14,7 @@ here, and where it is missing :func:`int8_unavailable` says why and callers fall
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from typing import Any, Iterator
 
@@ -33,6 +34,8 @@ __all__ = [
     "bf16_block",
     "CONV_TYPES",
 ]
+
+logger = logging.getLogger(__name__)
 
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _ENGINE = "x86"
@@ -179,17 +182,18 @@ class RoundedBlock(nn.Module):
     buffers are rounded to bf16, whose floating inputs and every leaf module's inputs and
     outputs are rounded to bf16, and which computes in fp32.
 
-    A CPU without native bf16 arithmetic (no AVX512-BF16 or AMX) runs torch's bf16 kernels
+    On a CPU where torch has no fast bf16 kernels (this project's AVX2-only VM) they run
     11 to 20x slower than fp32; this block takes 1.3 to 2.5x an fp32 forward's time (its
-    rounding passes; ResNet-20 on an AVX2-only CPU, ``benchmarks/README.md``) and reads the same
-    error: its SP loss against the fp32 activations is within 10% of a
-    :class:`CastBlock`'s at every ResNet-20 module and 0.6x to 1.2x of it on the Transformer
-    LM, where two bf16 computations' errors differ that much between seeds
-    (``tests/test_reference.py``).
+    rounding passes; ``benchmarks/README.md``) and reads the same error: its SP loss
+    against the fp32 activations is within 10% of a :class:`CastBlock`'s at every
+    ResNet-20 module and 0.6x to 1.2x of it on the Transformer LM, where two bf16
+    computations' errors differ that much between seeds (``tests/test_reference.py``).
 
     Rounding each leaf's inputs and outputs stands for the bf16 result of each layer and of
     the functional ops between layers (an activation, attention); a residual add's sum
-    stays in fp32 until the next rounding.
+    stays in fp32 until the next rounding. A leaf that works by changing its input in place
+    and returning nothing useful would change a rounded copy instead; TorchScript leaves
+    take no hooks and run unrounded inside.
     """
 
     def __init__(self, block: nn.Module) -> None:
@@ -200,28 +204,34 @@ class RoundedBlock(nn.Module):
                 if tensor.is_floating_point():
                     tensor.copy_(_rounded(tensor))
         for module in self.block.modules():
-            if next(module.children(), None) is None:  # a leaf: round what it takes and returns
+            leaf = next(module.children(), None) is None
+            if leaf and not isinstance(module, torch.jit.ScriptModule):  # round what it takes and returns
                 module.register_forward_pre_hook(_round_inputs)
                 module.register_forward_hook(_round_output)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return map_tensors(self.block(*map_tensors(args, _rounded), **map_tensors(kwargs, _rounded)), _rounded)
+        args, kwargs = _as_rounded_fp32(args), _as_rounded_fp32(kwargs)
+        return map_tensors(self.block(*args, **kwargs), _rounded)
 
 
 def native_bf16() -> bool:
-    """Whether this CPU has native bf16 arithmetic (oneDNN's bf16 kernels run fast)."""
+    """Whether torch runs bf16 fast on this CPU (oneDNN's bf16 kernels: native bf16
+    arithmetic, or AVX-512 that oneDNN uses for it)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without oneDNN
         return False
 
 
-def bf16_block(block: nn.Module) -> tuple[nn.Module, str]:
-    """``block`` with bf16 numerics, and its kind: a :class:`CastBlock` (``"bf16"``) on an
-    accelerator or a CPU with native bf16, else a :class:`RoundedBlock` (``"bf16-rounded"``)."""
-    on_cpu = all(t.device.type == "cpu" for t in [*block.parameters(), *block.buffers()])
-    if on_cpu and not native_bf16():
-        return RoundedBlock(block), "bf16-rounded"
+def bf16_block(block: nn.Module, device: torch.device) -> tuple[nn.Module, str]:
+    """``block`` (living on ``device``) with bf16 numerics, and its kind: a
+    :class:`CastBlock` (``"bf16"``) on an accelerator or where :func:`native_bf16`, else a
+    :class:`RoundedBlock` (``"bf16-rounded"``; a block it cannot hook gets a CastBlock)."""
+    if device.type == "cpu" and not native_bf16():
+        try:
+            return RoundedBlock(block), "bf16-rounded"
+        except RuntimeError as err:
+            logger.info("reference block runs in torch's bf16 kernels (slow on this CPU): %s", err)
     return CastBlock(block, torch.bfloat16), "bf16"
 
 
@@ -231,6 +241,10 @@ def _rounded(t: torch.Tensor) -> torch.Tensor:
 
 def _round_inputs(module: nn.Module, args: tuple) -> tuple:
     return map_tensors(args, _rounded)
+
+
+def _as_rounded_fp32(value: Any) -> Any:
+    return map_tensors(value, lambda t: t.to(torch.bfloat16).float() if t.is_floating_point() else t)
 
 
 def _round_output(module: nn.Module, args: tuple, output: Any) -> Any:

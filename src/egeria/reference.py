@@ -134,7 +134,10 @@ class ReferenceModel:
             self.kinds[name] = "fp32"
             return
         if self.precision == "bf16":
-            self._built[name], self.kinds[name] = bf16_block(block)
+            self._built[name], kind = bf16_block(block, model_device(self._float))
+            if self.kinds.get(name) != kind:
+                logger.debug("reference block %s runs as %s", name, kind)
+            self.kinds[name] = kind
             return
         kind, reason = "fp32", "it has no convolution or Linear layer"
         if has_layers(block, CONV_TYPES):
@@ -266,7 +269,8 @@ class ReferenceModel:
             "tensors": changed,
             "observers": {b: dict(v) for b, v in self._observers.items() if b in upto_blocks},
             "input_specs": {b: v for b, v in self._input_specs.items() if b in upto_blocks},
-            "kinds": {b: k for b, k in self.kinds.items() if b in upto_blocks},
+            # both bf16 kinds compute the same numbers; each machine loads its faster one
+            "kinds": {b: "bf16" if k == "bf16-rounded" else k for b, k in self.kinds.items() if b in upto_blocks},
         }
 
     @torch.no_grad()
@@ -302,7 +306,7 @@ class ReferenceModel:
         elif kind == "int8-dynamic":
             self._built[name] = dynamic_int8(block)
         elif kind in ("bf16", "bf16-rounded"):  # the same numbers: this machine's faster way
-            self._built[name], kind = bf16_block(block)
+            self._built[name], kind = bf16_block(block, model_device(self._float))
         elif kind != "fp32":
             raise ValueError(f"unknown reference block kind {kind!r} in saved state")
         self.kinds[name] = kind
