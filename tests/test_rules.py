@@ -196,6 +196,20 @@ def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
     assert set(state["floors"]) == {"0", "1"}
 
 
+def test_a_checkpoint_with_a_reference_of_another_precision_restarts_the_watches_and_keeps_the_peaks(caplog):
+    model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0)
+    _evaluate_moving(executor, model, evaluations=5)
+    saved = json.loads(json.dumps(executor.service.controller.state_dict(dict(model.state_dict()))))
+    assert saved["watches"] and saved["floors"] and saved["reference"] is not None
+    _, _, other = _controller(span=2, precision="fp32", floor_ratio=2.0)  # e.g. an int8 default before
+    controller = other.service.controller
+    with caplog.at_level("WARNING"):
+        controller.load_state_dict(saved, dict(model.state_dict()))
+    assert "readings start afresh" in caplog.text
+    assert controller.reference is None and controller.rule.watches == {} and controller.floors == {}
+    assert controller.rule.peaks == {int(i): v for i, v in saved["peaks"].items()} != {}
+
+
 @pytest.mark.parametrize("floor_ratio, ceiling_ratio", [(2.0, None), (None, 10.0)])
 def test_a_module_far_above_its_floor_is_held_by_the_ceiling_however_flat_its_slope(floor_ratio, ceiling_ratio):
     model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio)

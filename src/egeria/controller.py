@@ -309,10 +309,16 @@ class Controller:
         self.reference = None
         saved = state["reference"]
         if saved is not None and saved["precision"] != self.precision:
+            # Readings and floors of another precision are on another scale (an int8
+            # reference's floor is 10-65x a bf16 one's): the watches start afresh, the
+            # peaks (set by drift far above either floor) stay.
             logger.warning(
-                "the saved reference is %s, this controller's is %s (another machine?): it is rebuilt at the "
-                "next evaluation", saved["precision"], self.precision,
+                "the saved reference is %s, this controller's is %s (the default changed, or another machine): "
+                "it is rebuilt at the next evaluation and the modules' readings start afresh",
+                saved["precision"], self.precision,
             )
+            self.rule.restart(self.rule.window)
+            self.floors = {}
         elif saved is not None:
             self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
             self.reference.load_state_dict(saved, weights)
