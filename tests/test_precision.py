@@ -11,7 +11,7 @@ import egeria
 from tiny import batches, quick_config, tiny_cnn
 
 
-def _train_half(dtype: torch.dtype, steps: int):
+def _train_half(dtype: torch.dtype, steps: int, precision: str = "int8"):
     torch.manual_seed(0)
     model = tiny_cnn().to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -20,7 +20,7 @@ def _train_half(dtype: torch.dtype, steps: int):
     # slopes within float noise of the tolerance, so whether a module froze within 40 steps
     # depended on the CPU's int8 kernels (none froze on an AVX2-only machine, bf16 model);
     # at 3.0 every reference precision (int8, bf16, fp32) freezes the stem at step 8.
-    eg = egeria.Egeria(model, opt, config=quick_config(tolerance_ratio=3.0))
+    eg = egeria.Egeria(model, opt, config=quick_config(tolerance_ratio=3.0, reference_precision=precision))
     snapshot: dict[str, torch.Tensor] = {}
     for x, y in batches(1, image=True) * steps:
         loss = F.cross_entropy(model(x.to(dtype)).float(), y)
@@ -37,6 +37,18 @@ def test_a_half_precision_model_freezes_and_its_frozen_weights_stay(dtype):
     model, eg, snapshot = _train_half(dtype, 40)
     assert eg.frozen and eg.controller_stats["failure"] is None
     assert eg.history and all(r["plasticity"] == r["plasticity"] for r in eg.history)  # finite readings
+    assert snapshot and all(torch.equal(p, snapshot[n]) for n, p in model.named_parameters() if n in snapshot)
+    eg.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_freezes_under_the_rounded_bf16_reference(monkeypatch, dtype):
+    """The default reference on a CPU without native bf16 (fp32 on bf16-rounded values)."""
+    import egeria.quantization
+
+    monkeypatch.setattr(egeria.quantization, "native_bf16", lambda: False)
+    model, eg, snapshot = _train_half(dtype, 40, precision="auto")
+    assert eg.frozen and eg.controller_stats["failure"] is None
     assert snapshot and all(torch.equal(p, snapshot[n]) for n, p in model.named_parameters() if n in snapshot)
     eg.close()
 
