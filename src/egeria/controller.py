@@ -317,8 +317,7 @@ class Controller:
                 "it is rebuilt at the next evaluation and the modules' readings start afresh",
                 saved["precision"], self.precision,
             )
-            self.rule.restart(self.rule.window)
-            self.floors = {}
+            self.restart(self.generation, self.frozen, self.rule.window)
         elif saved is not None:
             self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
             self.reference.load_state_dict(saved, weights)

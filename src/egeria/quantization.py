@@ -210,7 +210,7 @@ class RoundedBlock(nn.Module):
                 module.register_forward_hook(_round_output)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = _as_rounded_fp32(args), _as_rounded_fp32(kwargs)
+        args, kwargs = (_cast(_cast(v, torch.bfloat16), torch.float32) for v in (args, kwargs))
         return map_tensors(self.block(*args, **kwargs), _rounded)
 
 
@@ -241,10 +241,6 @@ def _rounded(t: torch.Tensor) -> torch.Tensor:
 
 def _round_inputs(module: nn.Module, args: tuple) -> tuple:
     return map_tensors(args, _rounded)
-
-
-def _as_rounded_fp32(value: Any) -> Any:
-    return map_tensors(value, lambda t: t.to(torch.bfloat16).float() if t.is_floating_point() else t)
 
 
 def _round_output(module: nn.Module, args: tuple, output: Any) -> Any:
