@@ -188,22 +188,27 @@ def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, mode, split):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("split", [40, 51])  # held between the decays; after the reading spanning the last
-def test_resume_while_a_freeze_is_held_equals_uninterrupted_run(split):
+@pytest.mark.parametrize(
+    "split, last, interval",
+    # held between the decays; at the last decay, before the reading spanning it; the same
+    # where that reading is off the n-step schedule (taken because the decay passed)
+    [(40, 50, 1), (50, 50, 1), (80, 80, 7)],
+)
+def test_resume_while_a_freeze_is_held_equals_uninterrupted_run(split, last, interval):
     def fresh():
         torch.manual_seed(0)
         model = Chain()
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 50], gamma=0.1)
-        config = quick_config(rule="egeria", unfreeze_lr_drop=None, wait_for_last_decay=True)
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, last], gamma=0.1)
+        config = quick_config(rule="egeria", unfreeze_lr_drop=None, wait_for_last_decay=True, eval_interval=interval)
         return model, opt, sched, egeria.Egeria(model, opt, config=config, lr_scheduler=sched)
 
-    data = batches(1) * 70
+    data = batches(1) * (last + 20)
     model, opt, sched, eg = fresh()
     train(model, opt, eg, data[:split], scheduler=sched)
     saved = (*checkpointed(model, opt, eg), copy.deepcopy(sched.state_dict()))
     rest = train(model, opt, eg, data[split:], scheduler=sched)
-    assert rest and all(d.step > 50 for d in rest), "the test needs the held freeze after the checkpoint"
+    assert rest and all(d.step > last for d in rest), "the test needs the held freeze after the checkpoint"
 
     model2, opt2, sched2, eg2 = fresh()
     model2.load_state_dict(saved[0])

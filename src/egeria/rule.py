@@ -27,10 +27,14 @@ class FrontRule:
         regimes: a reading whose learning rate differs 2x or more from the module's
             previous one restarts that module's moving average and stale count, and is
             itself left out (:meth:`ModuleWatch.new_regime`; ``rule="egeria"``). A module
-            that had settled when the rate fell settles again at the first reading after
-            the change whose level is within ``settle_ratio``: its drift was flat before
-            the decay and a lower rate only lowers it (the rule holds freezes until a
-            schedule's last decay, and this lets the modules it held freeze soon after).
+            that settled at any reading of the phase the rate's fall ends (W stale
+            readings at that rate, or W quiet ones) is *carried* across the fall: it
+            settles again at the reading that spans the change if that reading's level is
+            within ``settle_ratio`` of its peak. Its drift was flat at the higher rate and
+            a lower rate only lowers it; one noisy reading late in the phase does not
+            undo W readings of evidence. The rule holds freezes until a schedule's last
+            decay, and this lets the modules it held freeze right after it (the policy
+            takes a reading at the first step after that decay).
         floor_ratio: a module also settles after W consecutive readings whose smoothed
             plasticity is at most this many times its smoothed floor (what it reads when it
             has not moved): a module that starts converged (a fine-tuned front) never sees
@@ -55,6 +59,8 @@ class FrontRule:
         self.watches: dict[int, ModuleWatch] = {}
         self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
         self.carried: set[int] = set()  # modules that had settled when the learning rate last fell
+        self.settled_in_phase: set[int] = set()  # settled by their own readings at the current rate
+        self.straddled: dict[int, float] = {}  # the level of the reading that spanned the last change
 
     def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None) -> Reading:
         """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
@@ -70,29 +76,45 @@ class FrontRule:
             was_settled, previous = self.settled(index), watch.lr
             if watch.new_regime(lr):
                 self.carried.discard(index)
-                if was_settled and previous is not None and lr < previous:
+                if (was_settled or index in self.settled_in_phase) and previous is not None and lr < previous:
                     self.carried.add(index)
+                self.settled_in_phase.discard(index)
         reading = watch.update(plasticity, floor)
-        if reading.counted:
-            self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
+        if not reading.counted:
+            self.straddled[index] = reading.plasticity
+            return reading
+        self.straddled.pop(index, None)
+        self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
+        if self.settled(index) and (self.quiet(index) or not self.carried_over(index)):
+            self.settled_in_phase.add(index)
         return reading
 
     def peak(self, index: int) -> float:
         return self.peaks.get(index, 0.0)
 
     def settled(self, index: int) -> bool:
-        """The rule says freeze: W stale readings (or, for a module that had settled when
-        the learning rate fell, one reading since), and (with ``settle_ratio``) a level at
-        most that share of the module's peak; or W quiet readings (at the floor); and in
-        either case (with ``ceiling_ratio``) a level not above the ceiling."""
+        """The rule says freeze: W stale readings (or, for a module carried across a fall
+        of the learning rate, the reading that spanned it or any since), and (with
+        ``settle_ratio``) a level at most that share of the module's peak; or W quiet
+        readings (at the floor); and in either case (with ``ceiling_ratio``) a level not
+        above the ceiling."""
         watch = self.watches.get(index)
-        if watch is None or not watch.smoothed or self.above_ceiling(index):
+        if watch is None:
+            return False
+        if not watch.smoothed:  # nothing counted at this rate yet: only a carried module's spanning reading
+            level = self.straddled.get(index)
+            return index in self.carried and level is not None and self._low(index, level)
+        if self.above_ceiling(index):
             return False
         if self.quiet(index):
             return True
         if watch.stale < self.window and index not in self.carried:
             return False
-        return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
+        return self._low(index, watch.smoothed[-1])
+
+    def _low(self, index: int, level: float) -> bool:
+        """Whether ``level`` is within ``settle_ratio`` of module ``index``'s peak."""
+        return self.settle_ratio is None or level <= self.settle_ratio * self.peak(index)
 
     def above_ceiling(self, index: int) -> bool:
         """Whether module ``index``'s smoothed plasticity is above ``ceiling_ratio`` x its
@@ -130,12 +152,16 @@ class FrontRule:
         """Modules before ``index`` froze: their watches go (their peaks stay)."""
         self.watches = {i: w for i, w in self.watches.items() if i >= index}
         self.carried = {i for i in self.carried if i >= index}
+        self.settled_in_phase = {i for i in self.settled_in_phase if i >= index}
+        self.straddled = {i: v for i, v in self.straddled.items() if i >= index}
 
     def restart(self, window: int) -> None:
         """Every watch starts afresh with window ``window`` (the peaks stay)."""
         self.window = window
         self.watches = {}
         self.carried = set()
+        self.settled_in_phase = set()
+        self.straddled = {}
 
     def state_dict(self) -> dict:
         return {
@@ -143,6 +169,8 @@ class FrontRule:
             "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
             "peaks": {str(i): v for i, v in self.peaks.items()},
             "carried": sorted(self.carried),
+            "settled_in_phase": sorted(self.settled_in_phase),
+            "straddled": {str(i): v for i, v in self.straddled.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -150,3 +178,5 @@ class FrontRule:
         self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
         self.peaks = {int(i): float(v) for i, v in state["peaks"].items()}
         self.carried = {int(i) for i in state.get("carried", ())}  # absent in checkpoints before it
+        self.settled_in_phase = {int(i) for i in state.get("settled_in_phase", ())}  # absent before it
+        self.straddled = {int(i): float(v) for i, v in state.get("straddled", {}).items()}

@@ -96,6 +96,8 @@ class KnowledgeGuided:
         self._handles: list = []
         self._warned_no_loss = False
         self._held = False  # the latest reading was held (wait_for_last_decay), for the log
+        self._ahead: int | None = None  # the decays the scheduler stated ahead after the latest step
+        self._lifted_at: int | None = None  # the step at which the last stated decay passed
 
     @property
     def requires_total_steps(self) -> bool:
@@ -152,6 +154,7 @@ class KnowledgeGuided:
         move = unfreeze or move
         self.budget.step_done(evaluated)
         self._keep_budget()
+        self._note_decays(info.step)
         self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
         return move
 
@@ -248,8 +251,23 @@ class KnowledgeGuided:
         """Capture the next step's batch when that step evaluates plasticity (or ends a
         bootstrap interval) and a module is left to watch."""
         assert self.link is not None and self.eval_interval is not None
-        due = (step + 1) % self.eval_interval == 0 and frozen < freezable
-        self.link.arm(step + 1 if due else None)
+        # The step after the scheduler's last stated decay reads whatever n says (under
+        # wait_for_last_decay), so the modules the hold kept freeze right after the decay
+        # rather than up to n steps later, each of which trains them at the full cost.
+        lifted = self._lifted_at == step and self.stage == "guided"
+        due = (step + 1) % self.eval_interval == 0 or lifted
+        self.link.arm(step + 1 if due and frozen < freezable else None)
+
+    def _note_decays(self, step: int) -> None:
+        """Notes the step at which the scheduler's last stated decay passed (under
+        ``wait_for_last_decay``): its decays ahead fell to none since the previous step."""
+        assert self._binding is not None
+        if not self.config.wait_for_last_decay:
+            return
+        ahead = self._binding.decays_ahead()
+        if ahead == 0 and self._ahead:
+            self._lifted_at = step
+        self._ahead = ahead
 
     # -- hooks: they record, the step boundary acts ---------------------------------------
 
@@ -379,6 +397,8 @@ class KnowledgeGuided:
             "lr_at_freeze": self.lr_at_freeze,
             "freeze_step": self.freeze_step,
             "budget_checked": self.budget_checked,
+            "decays_ahead": self._ahead,
+            "last_decay_passed_at": self._lifted_at,
             "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
         }
 
@@ -391,6 +411,8 @@ class KnowledgeGuided:
         self.lr_at_freeze = state["lr_at_freeze"]
         self.freeze_step = state["freeze_step"]
         self.budget_checked = bool(state["budget_checked"])
+        self._ahead = state.get("decays_ahead")  # both absent in checkpoints before them
+        self._lifted_at = state.get("last_decay_passed_at")
         self.link.load_state_dict(state["link"], self._model.state_dict(), self._binding.frozen())
         if self.eval_interval is not None:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
