@@ -191,7 +191,7 @@ def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, mode, split):
 @pytest.mark.parametrize(
     "split, last, interval",
     # held between the decays; at the last decay, before the reading spanning it; the same
-    # where that reading is off the n-step schedule (taken because the decay passed)
+    # where the readings' n-step grid starts again at the step after that decay
     [(40, 50, 1), (50, 50, 1), (80, 80, 7)],
 )
 def test_resume_while_a_freeze_is_held_equals_uninterrupted_run(split, last, interval):

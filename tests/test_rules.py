@@ -377,7 +377,7 @@ def test_decays_ahead_counts_the_decays_a_step_schedule_states_and_still_has_to_
         assert decays_ahead(unstated) is None
 
 
-def test_a_module_settled_when_the_rate_fell_settles_again_at_the_reading_spanning_the_fall():
+def test_a_module_settled_when_the_rate_fell_settles_again_at_its_first_reading_after():
     def settled_then(rule: FrontRule, index: int, first_lr: float, then_lr: float, values) -> list[bool]:
         for value in values:
             rule.read(index, value, first_lr)
@@ -388,26 +388,24 @@ def test_a_module_settled_when_the_rate_fell_settles_again_at_the_reading_spanni
     for value in flat:
         rule.read(0, value, 0.1)
     assert rule.settled(0)
-    rule.read(0, 0.04, 0.01)  # spans the decay: joins no average, but its level is low
-    assert rule.settled(0) and rule.carried_over(0) and not rule.watches[0].smoothed
+    rule.read(0, 0.04, 0.01)  # spans the decay: joins no average, settles nothing
+    assert not rule.settled(0)
+    rule.read(0, 0.04, 0.01)  # the first reading at the new rate, under the level: settled again
+    assert rule.settled(0) and rule.watches[0].stale < rule.window and rule.carried_over(0)
     copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
     copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
     assert copy.carried == {0} and copy.settled(0)
-    rule.read(0, 0.04, 0.01)  # the first reading at the new rate, under the level: still settled
-    assert rule.settled(0) and rule.watches[0].stale < rule.window and rule.carried_over(0)
     # Not after a rise of the rate, nor for a module that had not settled before the fall.
     rising = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
     assert settled_then(rising, 0, 0.01, 0.1, flat) == [False, False]
     unsettled = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
     assert settled_then(unsettled, 0, 0.1, 0.01, (4.0, 0.4)) == [False, False]
-    # A level above settle_ratio of the peak across the fall holds it, at the spanning
-    # reading and at the first one after.
+    # A level above settle_ratio of the peak after the fall still holds it.
     high = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.05, regimes=True)
     for value in (4.0,) + (0.1,) * 7:
         high.read(0, value, 0.1)
     assert high.settled(0)
     high.read(0, 0.3, 0.01)
-    assert not high.settled(0)
     high.read(0, 0.3, 0.01)
     assert not high.settled(0)
 
@@ -419,28 +417,52 @@ def test_one_noisy_reading_late_in_a_phase_does_not_undo_a_carry_across_the_fall
     assert rule.settled(0)
     rule.read(0, 1.0, 0.1)  # the last reading before the fall spikes: the average is 0.47
     assert not rule.settled(0)
-    rule.read(0, 0.05, 0.01)  # the reading spanning the fall
-    assert rule.settled(0) and rule.carried_over(0)
+    copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
+    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    for resumed in (rule, copy):
+        resumed.read(0, 0.05, 0.01)  # the reading spanning the fall: joins no average
+        assert not resumed.settled(0)
+        resumed.read(0, 0.05, 0.01)  # the first at the new rate, under the level
+        assert resumed.settled(0) and resumed.carried_over(0)
     # A module that never settled at the rate before the fall carries nothing, however low it
     # reads across it.
     never = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
     for value in (4.0, 3.0, 2.0, 1.0, 0.5, 0.25):  # still falling: never stale
         never.read(0, value, 0.1)
     never.read(0, 0.01, 0.01)
+    never.read(0, 0.01, 0.01)
     assert not never.settled(0) and not never.carried_over(0)
-    # Settled only by the carry from an earlier fall is no evidence for the next one.
-    chained = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
-    for value in (4.0,) + (0.4,) * 7:
-        chained.read(0, value, 0.1)
-    chained.read(0, 0.04, 0.01)  # carried across the first fall
-    chained.read(0, 3.0, 0.01)  # then reads high at the new rate
-    assert not chained.settled(0)
-    chained.read(0, 0.001, 0.001)
-    assert not chained.settled(0) and not chained.carried_over(0)
+    # Settled only by the carry from an earlier fall is no evidence for the next one, whether
+    # its last reading before it was high or low.
+    for last in (3.0, 0.04):
+        chained = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
+        for value in (4.0,) + (0.4,) * 7:
+            chained.read(0, value, 0.1)
+        chained.read(0, 0.04, 0.01)  # spans the first fall
+        chained.read(0, last, 0.01)  # one reading at the new rate: carried, if low
+        assert chained.settled(0) is (last < 2.0)
+        chained.read(0, 0.001, 0.001)  # spans the second fall
+        chained.read(0, 0.001, 0.001)
+        assert not chained.settled(0) and not chained.carried_over(0)
+
+
+def test_no_module_freezes_across_a_fall_while_its_first_reading_after_is_over_the_ceiling():
+    def carried(level: float, floor: float | None) -> bool:
+        rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True, ceiling_ratio=100.0)
+        for value in (4.0,) + (0.4,) * 7:  # settled at the first rate, 40x its floor
+            rule.read(0, value, 0.1, floor=0.01)
+        assert rule.settled(0)
+        rule.read(0, 0.1, 0.01, floor=0.01)  # spans the fall
+        rule.read(0, level, 0.01, floor=floor)
+        return rule.settled(0) and rule.carried_over(0)
+
+    assert carried(0.5, 0.01)  # 50x its floor, within settle_ratio of the peak
+    assert not carried(1.5, 0.01)  # 150x: over the ceiling
+    assert carried(1.5, None)  # no floor measured: the ceiling holds nothing
 
 
 @pytest.mark.parametrize("interval", [7, 1])
-def test_the_step_after_the_last_decay_reads_plasticity_so_held_modules_freeze_right_after_it(interval):
+def test_the_readings_start_again_at_the_step_after_the_last_decay_so_held_modules_freeze_n_steps_after_it(interval):
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
@@ -452,11 +474,12 @@ def test_the_step_after_the_last_decay_reads_plasticity_so_held_modules_freeze_r
     steps = sorted({row["step"] for row in eg.history})
     freezes = [d for d in eg.events if d.action == "freeze"]
     eg.close()
-    # Readings every n steps, and at step 81, the first trained at the last rate (the
-    # scheduler's 80th step passed its last milestone); the modules that had settled while
-    # held freeze at that reading, which spans the decay.
-    assert 81 in steps and all(s % interval == 0 or s == 81 for s in steps)
-    assert freezes and freezes[0].step == 81 and "across the fall" in freezes[0].reason
+    # Readings every n steps, then from step 81, the first trained at the last rate (the
+    # scheduler's 80th step passed its last milestone), every n steps again: the reading
+    # of 81 spans the decay, and the modules that had settled while held freeze at the
+    # next, a full interval at the last rate.
+    assert 81 in steps and all(s % interval == 0 if s < 81 else (s - 81) % interval == 0 for s in steps)
+    assert freezes and freezes[0].step == 81 + interval and "learning rate fell" in freezes[0].reason
 
 
 def test_a_held_reading_freezes_nothing_and_the_first_unheld_one_freezes_what_has_settled():
@@ -490,8 +513,8 @@ def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_sche
     assert freezes
     if give_scheduler and wait:
         # The reading of step 51 is the first at the last rate and spans the decay; modules
-        # that had settled freeze at it, others W stale readings later.
-        assert 50 < min(freezes) <= 51 + config.window
+        # that had settled freeze at the next one (here, 52), others W stale readings later.
+        assert 50 < min(freezes) <= 52 + config.window
         said = [r.getMessage() for r in caplog.records]
         assert any("held until the scheduler's last learning-rate decay (2 ahead)" in m for m in said)
         assert any("last learning-rate decay has passed" in m for m in said)

@@ -148,10 +148,10 @@ class EgeriaConfig:
     settle_ratio: float | None = None
     # Hold every freeze until the learning-rate scheduler's last stated decay has passed
     # (``MultiStepLR``'s milestones; egeria.decays), then freeze each module the rule
-    # found settled in the phase that decay ended at a reading taken at the first step
-    # after it (whatever n says), if that reading's level is within ``settle_ratio`` of
-    # its peak. A schedule that states no decays (cosine, linear, none given to Egeria)
-    # holds nothing.
+    # found settled at any reading of the phase that decay ended once the first reading of
+    # n steps at the last rate confirms its level (the readings start again at the step
+    # after the decay, so that is n steps after it). A schedule that states no decays
+    # (cosine, linear, none given to Egeria) holds nothing.
     # None: the rule's own, no hold (paper) or hold (egeria: on resnet-fmnist a freeze in
     # the phase before the last decay left the training loss 0.008 higher after it and
     # cost about 0.1 points of test accuracy, while a freeze after it cost nothing

@@ -201,7 +201,7 @@ class Controller:
     def _reason(self, index: int) -> str:
         """Why the front module ``index`` freezes, in words."""
         if self.rule.carried_over(index):
-            return "settled before the learning rate fell; plasticity still low across the fall"
+            return "settled before the learning rate fell; plasticity still low after it"
         if self.rule.quiet(index):
             return (
                 f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {self.window} readings"

@@ -27,14 +27,19 @@ class FrontRule:
         regimes: a reading whose learning rate differs 2x or more from the module's
             previous one restarts that module's moving average and stale count, and is
             itself left out (:meth:`ModuleWatch.new_regime`; ``rule="egeria"``). A module
-            that settled at any reading of the phase the rate's fall ends (W stale
-            readings at that rate, or W quiet ones) is *carried* across the fall: it
-            settles again at the reading that spans the change if that reading's level is
-            within ``settle_ratio`` of its peak. Its drift was flat at the higher rate and
-            a lower rate only lowers it; one noisy reading late in the phase does not
-            undo W readings of evidence. The rule holds freezes until a schedule's last
-            decay, and this lets the modules it held freeze right after it (the policy
-            takes a reading at the first step after that decay).
+            that settled by its own readings at any point of the phase the rate's fall
+            ends (W stale readings at that rate within ``settle_ratio`` of its peak, or W
+            quiet ones) is *carried* across the fall: it settles again at the first
+            reading after the one spanning the change whose level is within
+            ``settle_ratio`` of its peak (and, with ``ceiling_ratio``, under the ceiling).
+            Its drift was flat at the higher rate and a lower rate only lowers it; one
+            noisy reading late in the phase does not undo W readings of evidence. The
+            rule holds freezes until a schedule's last decay, and this lets the modules it
+            held freeze one interval after it (the policy reads at the first step after
+            that decay, so the next reading spans n steps at the last rate). Freezing at
+            the spanning reading itself, right at the decay, cost accuracy: the front had
+            not yet settled at the lower rate (benchmarks/README.md, "Freezing right after
+            the last decay").
         floor_ratio: a module also settles after W consecutive readings whose smoothed
             plasticity is at most this many times its smoothed floor (what it reads when it
             has not moved): a module that starts converged (a fine-tuned front) never sees
@@ -58,9 +63,8 @@ class FrontRule:
         self.ceiling_ratio = ceiling_ratio
         self.watches: dict[int, ModuleWatch] = {}
         self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
-        self.carried: set[int] = set()  # modules that had settled when the learning rate last fell
+        self.carried: set[int] = set()  # modules that settled in the phase the last fall of the rate ended
         self.settled_in_phase: set[int] = set()  # settled by their own readings at the current rate
-        self.straddled: dict[int, float] = {}  # the level of the reading that spanned the last change
 
     def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None) -> Reading:
         """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
@@ -73,48 +77,41 @@ class FrontRule:
         if watch is None:
             watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio, self.floor_ratio)
         if self.regimes and lr is not None:
-            was_settled, previous = self.settled(index), watch.lr
+            previous = watch.lr
             if watch.new_regime(lr):
                 self.carried.discard(index)
-                if (was_settled or index in self.settled_in_phase) and previous is not None and lr < previous:
+                # Settled by its own readings, not only by a carry: a carry does not chain.
+                if index in self.settled_in_phase and previous is not None and lr < previous:
                     self.carried.add(index)
                 self.settled_in_phase.discard(index)
         reading = watch.update(plasticity, floor)
         if not reading.counted:
-            self.straddled[index] = reading.plasticity
             return reading
-        self.straddled.pop(index, None)
         self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
-        if self.settled(index) and (self.quiet(index) or not self.carried_over(index)):
+        if self._settled_by_own_readings(index):
             self.settled_in_phase.add(index)
         return reading
+
+    def _settled_by_own_readings(self, index: int) -> bool:
+        """Settled at this rate by W stale or quiet readings, not by a carry alone."""
+        return self.settled(index) and (self.quiet(index) or not self.carried_over(index))
 
     def peak(self, index: int) -> float:
         return self.peaks.get(index, 0.0)
 
     def settled(self, index: int) -> bool:
         """The rule says freeze: W stale readings (or, for a module carried across a fall
-        of the learning rate, the reading that spanned it or any since), and (with
-        ``settle_ratio``) a level at most that share of the module's peak; or W quiet
-        readings (at the floor); and in either case (with ``ceiling_ratio``) a level not
-        above the ceiling."""
+        of the learning rate, one counted reading since), and (with ``settle_ratio``) a
+        level at most that share of the module's peak; or W quiet readings (at the floor);
+        and in either case (with ``ceiling_ratio``) a level not above the ceiling."""
         watch = self.watches.get(index)
-        if watch is None:
-            return False
-        if not watch.smoothed:  # nothing counted at this rate yet: only a carried module's spanning reading
-            level = self.straddled.get(index)
-            return index in self.carried and level is not None and self._low(index, level)
-        if self.above_ceiling(index):
+        if watch is None or not watch.smoothed or self.above_ceiling(index):
             return False
         if self.quiet(index):
             return True
         if watch.stale < self.window and index not in self.carried:
             return False
-        return self._low(index, watch.smoothed[-1])
-
-    def _low(self, index: int, level: float) -> bool:
-        """Whether ``level`` is within ``settle_ratio`` of module ``index``'s peak."""
-        return self.settle_ratio is None or level <= self.settle_ratio * self.peak(index)
+        return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
 
     def above_ceiling(self, index: int) -> bool:
         """Whether module ``index``'s smoothed plasticity is above ``ceiling_ratio`` x its
@@ -131,8 +128,8 @@ class FrontRule:
         return watch is not None and watch.quiet >= self.window
 
     def carried_over(self, index: int) -> bool:
-        """Whether module ``index`` counts as stale only because it had settled when the
-        learning rate fell (it has fewer than W stale readings since)."""
+        """Whether module ``index`` counts as stale only because it settled in the phase
+        the last fall of the learning rate ended (it has fewer than W stale readings since)."""
         watch = self.watches.get(index)
         return index in self.carried and watch is not None and watch.stale < self.window
 
@@ -153,7 +150,6 @@ class FrontRule:
         self.watches = {i: w for i, w in self.watches.items() if i >= index}
         self.carried = {i for i in self.carried if i >= index}
         self.settled_in_phase = {i for i in self.settled_in_phase if i >= index}
-        self.straddled = {i: v for i, v in self.straddled.items() if i >= index}
 
     def restart(self, window: int) -> None:
         """Every watch starts afresh with window ``window`` (the peaks stay)."""
@@ -161,7 +157,6 @@ class FrontRule:
         self.watches = {}
         self.carried = set()
         self.settled_in_phase = set()
-        self.straddled = {}
 
     def state_dict(self) -> dict:
         return {
@@ -170,7 +165,6 @@ class FrontRule:
             "peaks": {str(i): v for i, v in self.peaks.items()},
             "carried": sorted(self.carried),
             "settled_in_phase": sorted(self.settled_in_phase),
-            "straddled": {str(i): v for i, v in self.straddled.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -178,5 +172,7 @@ class FrontRule:
         self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
         self.peaks = {int(i): float(v) for i, v in state["peaks"].items()}
         self.carried = {int(i) for i in state.get("carried", ())}  # absent in checkpoints before it
-        self.settled_in_phase = {int(i) for i in state.get("settled_in_phase", ())}  # absent before it
-        self.straddled = {int(i): float(v) for i, v in state.get("straddled", {}).items()}
+        if "settled_in_phase" in state:
+            self.settled_in_phase = {int(i) for i in state["settled_in_phase"]}
+        else:  # a checkpoint from before it: the modules settled by their own readings now
+            self.settled_in_phase = {i for i in self.watches if self._settled_by_own_readings(i)}

@@ -251,11 +251,12 @@ class KnowledgeGuided:
         """Capture the next step's batch when that step evaluates plasticity (or ends a
         bootstrap interval) and a module is left to watch."""
         assert self.link is not None and self.eval_interval is not None
-        # The step after the scheduler's last stated decay reads whatever n says (under
-        # wait_for_last_decay), so the modules the hold kept freeze right after the decay
-        # rather than up to n steps later, each of which trains them at the full cost.
-        lifted = self._lifted_at == step and self.stage == "guided"
-        due = (step + 1) % self.eval_interval == 0 or lifted
+        # After the scheduler's last stated decay (under wait_for_last_decay) the readings'
+        # grid starts again at the first step after it: that step reads at once (its reading
+        # spans the decay and refreshes the reference) and the next one reads n steps at the
+        # last rate, so the modules the hold kept freeze n steps after the decay, not up to 2n.
+        anchor = 0 if self._lifted_at is None else self._lifted_at + 1
+        due = (step + 1 - anchor) % self.eval_interval == 0
         self.link.arm(step + 1 if due and frozen < freezable else None)
 
     def _note_decays(self, step: int) -> None:
