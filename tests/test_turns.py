@@ -1,107 +1,136 @@
-"""Runs taking turns on one machine (egeria.turns), in spawned processes as the demo runs them."""
+"""Runs taking turns on one machine (egeria.turns): the turn order with threads standing for
+the arms' processes, and the demo's path (spawned processes through run_in_turns)."""
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+import copy
+import threading
+import types
 
 import pytest
 
-from egeria.turns import Stopped, Turns
-
-_TURNS: tuple[Turns, int, "_Log"] | None = None
+from egeria.turns import Stopped, Turns, current, run_in_turns
 
 
-class _Log:
-    """(arm, step) pairs in the order the steps ran, written synchronously to shared memory
-    (a queue's feeder thread could reorder two processes' writes)."""
+class _Threads:
+    """A multiprocessing context for arms that are threads of this process."""
 
-    def __init__(self, context, size: int = 256) -> None:
-        self.entries = context.Array("i", size)
-        self.count = context.Value("i", 0)
+    Semaphore = staticmethod(threading.Semaphore)
+    Barrier = staticmethod(threading.Barrier)
 
-    def add(self, arm: int, step: int) -> None:
-        with self.count.get_lock():
-            self.entries[self.count.value] = arm * 1000 + step
-            self.count.value += 1
+    @staticmethod
+    def Array(kind: str, size: int) -> list[int]:  # noqa: N802 - multiprocessing's name
+        return [0] * size
 
-    def read(self) -> list[tuple[int, int]]:
-        return [divmod(v, 1000) for v in self.entries[: self.count.value]]
+    @staticmethod
+    def Value(kind: str, value: int) -> types.SimpleNamespace:  # noqa: N802
+        return types.SimpleNamespace(value=value)
 
 
-def _start(turns: Turns, arm: int, log: _Log) -> None:
-    global _TURNS
-    _TURNS = (turns, arm, log)
+def _arms(steps: list[int], every: int, fail_at: dict[int, int] | None = None, stop_on_failure: bool = True):
+    """Each arm a thread with its own copy of the Turns (as each process has its own),
+    sharing its primitives: takes ``steps[arm]`` steps, failing at ``fail_at[arm]`` (0:
+    before joining). Returns the (arm, step) order and each arm's outcome. An arm still
+    waiting after 60 s fails the test (the barrier would wait 600 s)."""
+    shared = Turns(_Threads(), len(steps), every, ready_timeout_s=600)
+    order: list[tuple[int, int]] = []
+    outcome: dict[int, object] = {}
+    failed = threading.Event()
 
+    def run(arm: int) -> None:
+        turns = copy.copy(shared)
+        turns.arm = arm
+        try:
+            if (fail_at or {}).get(arm) == 0:
+                raise RuntimeError(f"arm {arm} failed in its set-up")
+            turns.join()
+            for step in range(1, steps[arm] + 1):
+                if (fail_at or {}).get(arm) == step:
+                    raise RuntimeError(f"arm {arm} failed at step {step}")
+                order.append((arm, step))
+                turns.step()
+            outcome[arm] = "done"
+        except Exception as error:  # noqa: BLE001 - the test reads it
+            outcome[arm] = error
+            if not isinstance(error, Stopped):
+                failed.set()
+        finally:
+            turns.leave()
 
-def _arm(steps: int, fail_at: int | None = None) -> int:
-    """Takes ``steps`` steps in turns, logging (arm, step) as each runs; raises at step
-    ``fail_at``."""
-    assert _TURNS is not None
-    turns, arm, log = _TURNS
-    try:
-        if fail_at == 0:
-            raise RuntimeError(f"arm {arm} failed in its set-up")
-        turns.join(arm)
-        for step in range(1, steps + 1):
-            if step == fail_at:
-                raise RuntimeError(f"arm {arm} failed at step {step}")
-            log.add(arm, step)
-            turns.step()
-    finally:
-        turns.leave()
-    return steps
-
-
-def _run(steps: list[int], every: int, fail_at: list[int | None] | None = None):
-    """Runs the arms as the demo does (egeria.demo._in_turns); the futures and the log."""
-    context = multiprocessing.get_context("spawn")
-    turns = Turns(context, len(steps), every, ready_timeout_s=120)
-    log = _Log(context)
-    fails = fail_at or [None] * len(steps)
-    pools = [
-        ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_start, initargs=(turns, arm, log))
-        for arm in range(len(steps))
-    ]
-    try:
-        futures = [pool.submit(_arm, n, fails[arm]) for arm, (pool, n) in enumerate(zip(pools, steps))]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION, timeout=300)
-        if any(f.exception() is not None for f in done):
-            turns.stop()
-        wait(futures, timeout=300)
-        return futures, log.read()
-    finally:
-        for pool in pools:
-            pool.shutdown()
+    threads = [threading.Thread(target=run, args=(arm,), daemon=True) for arm in range(len(steps))]
+    for thread in threads:
+        thread.start()
+    if stop_on_failure:  # what run_in_turns does when an arm fails
+        while any(t.is_alive() for t in threads) and not failed.wait(0.01):
+            pass
+        if failed.is_set():
+            shared.stop()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "an arm was left waiting"
+    return order, outcome
 
 
 def test_arms_take_turns_of_every_steps_and_the_last_one_running_trains_on_alone():
-    futures, order = _run([7, 3], every=2)
-    assert [f.result() for f in futures] == [7, 3]
+    order, outcome = _arms([7, 3], every=2)
+    assert outcome == {0: "done", 1: "done"}
     # Arm 0 starts; turns of 2 steps; arm 1 leaves after its 3rd step, and arm 0 goes on.
     assert order == [(0, 1), (0, 2), (1, 1), (1, 2), (0, 3), (0, 4), (1, 3), (0, 5), (0, 6), (0, 7)]
 
 
-def test_an_arm_failing_before_its_first_turn_stops_the_others_instead_of_leaving_them_waiting():
-    futures, order = _run([5, 5], every=2, fail_at=[None, 0])
-    with pytest.raises(RuntimeError, match="arm 1 failed in its set-up"):
-        futures[1].result()
-    with pytest.raises(Stopped):
-        futures[0].result()
+def test_three_arms_rotate_and_one_that_left_is_skipped():
+    order, _ = _arms([3, 1, 3], every=1)
+    assert order == [(0, 1), (1, 1), (2, 1), (0, 2), (2, 2), (0, 3), (2, 3)]
+
+
+def test_an_arm_failing_mid_run_hands_on_its_turn_so_the_others_finish():
+    order, outcome = _arms([6, 6], every=2, fail_at={1: 3}, stop_on_failure=False)
+    assert isinstance(outcome[1], RuntimeError) and outcome[0] == "done"
+    assert order == [(0, 1), (0, 2), (1, 1), (1, 2), (0, 3), (0, 4), (0, 5), (0, 6)]
+
+
+def test_stopping_releases_an_arm_waiting_for_the_others_to_be_ready():
+    # Arm 1 fails before joining; without the stop, arm 0 would wait at the barrier.
+    order, outcome = _arms([5, 5], every=2, fail_at={1: 0})
+    assert isinstance(outcome[0], Stopped) and isinstance(outcome[1], RuntimeError)
     assert order == []
 
 
-def test_an_arm_failing_mid_run_hands_on_its_turn():
-    futures, order = _run([6, 6], every=2, fail_at=[None, 3])
-    with pytest.raises(RuntimeError, match="arm 1 failed at step 3"):
-        futures[1].result()
-    # Arm 0 is released by the failed arm, not left waiting: it either finished before the
-    # parent stopped the turns or stopped at its next turn.
-    assert order[:4] == [(0, 1), (0, 2), (1, 1), (1, 2)]
-    assert futures[0].exception() is None or isinstance(futures[0].exception(), Stopped)
+def test_a_stopped_arm_raises_at_its_next_step():
+    turns = Turns(_Threads(), 2, 5)
+    turns.arm = 0
+    turns.stop()
+    with pytest.raises(Stopped):
+        turns.step()
 
 
 @pytest.mark.parametrize("arms, every", [(1, 2), (2, 0), (2, True), ("2", 1)])
 def test_bad_turns_are_refused_naming_the_value(arms, every):
     with pytest.raises(ValueError, match="arms=|every="):
-        Turns(multiprocessing.get_context("spawn"), arms, every)
+        Turns(_Threads(), arms, every)
+
+
+# -- the demo's path: spawned processes ---------------------------------------------------
+
+
+def _spawned_arm(steps: int, fail_at: int | None) -> int:
+    turns = current()
+    assert turns is not None and turns.arm is not None
+    try:
+        if fail_at == 0:
+            raise RuntimeError(f"arm {turns.arm} failed in its set-up")
+        turns.join()
+        for _ in range(steps):
+            turns.step()
+    finally:
+        turns.leave()
+    return turns.arm
+
+
+@pytest.mark.slow
+def test_run_in_turns_answers_in_order_and_raises_the_failed_arms_own_error():
+    assert run_in_turns(_spawned_arm, [(5, None), (3, None)], 2) == [0, 1]
+    # The second arm fails in its set-up, so the first is stopped at the start: the error
+    # raised is the second's, not the first's Stopped.
+    with pytest.raises(RuntimeError, match="arm 1 failed in its set-up"):
+        run_in_turns(_spawned_arm, [(5, None), (5, 0)], 1)

@@ -2,15 +2,15 @@
 
 Both runs start from the same initial weights and see the same batches in the same order;
 the only difference is that the second one calls :meth:`egeria.Egeria.step` after each
-optimizer step. Each run trains in a fresh process of its own with the caller's torch
-thread count, so neither inherits the other's allocator and cache state: on a 2-core VM
-the first run of a process was up to 15% faster than a second one of the same work. The
-two processes take turns every ``turn_steps`` steps (:mod:`egeria.turns`), so a drift of
-the machine's speed falls on both runs alike. The two runs are bit-identical until
-Egeria's first freeze, which the demo checks and reports. It prints the machine and a table (training wall time, final
-test accuracy, time-to-target speedup, when each layer module froze and unfroze), and
-writes ``demo.png`` (frozen share of parameters over steps; accuracy vs. wall time) and
-``demo.json`` (every recorded number) into ``out_dir``.
+optimizer step. The two runs train at once, each in a fresh process of its own with the
+caller's torch thread count, taking turns every ``turn_steps`` steps
+(:mod:`egeria.turns`): neither inherits the other's allocator and cache state (on a 2-core
+VM the first run of a process was up to 15% faster than a second one of the same work),
+and a drift of the machine's speed falls on both alike. The two runs are bit-identical
+until Egeria's first freeze, which the demo checks and reports. It prints the machine and
+a table (training wall time, final test accuracy, time-to-target speedup, when each layer
+module froze and unfroze), and writes ``demo.png`` (frozen share of parameters over steps;
+accuracy vs. wall time) and ``demo.json`` (every recorded number) into ``out_dir``.
 
 Training time is measured around the training steps only (forward, backward, optimizer,
 scheduler and, in the Egeria run, ``eg.step``); the per-epoch test evaluation is excluded.
@@ -23,7 +23,7 @@ import logging
 import math
 import multiprocessing
 import sys
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -37,7 +37,8 @@ from .engine import Egeria
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
 from .quantization import native_bf16
-from .turns import Turns
+from .turns import current as current_turns
+from .turns import run_in_turns
 
 __all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through"]
 
@@ -63,9 +64,8 @@ class DemoSettings:
     # ... dropped 10x after each of these shares of the training steps (as the benchmark
     # task resnet-fmnist and most step schedules: at 50% and 75%).
     lr_drops: tuple[float, ...] = (0.5, 0.75)
-    # The two runs train in turns of this many steps, each in its own process, so the
-    # machine's drift (10% and more over minutes on a shared VM) falls on both alike; 0
-    # runs them one after the other (the committed figures before 2026-11-23).
+    # The two runs train at once in turns of this many steps, each in its own process, so
+    # the machine's drift (10% and more over minutes on a shared VM) falls on both alike.
     turn_steps: int = 10
 
 
@@ -87,7 +87,7 @@ def run_demo(
     command: str | None = None,
     stream: TextIO | None = sys.stdout,
 ) -> dict:
-    """Trains ResNet-20 twice (plain, then with Egeria) and reports both side by side.
+    """Trains ResNet-20 twice (plain and with Egeria, in turns) and reports both side by side.
 
     Args:
         out_dir: where ``demo.png`` and ``demo.json`` are written (created if missing).
@@ -134,11 +134,8 @@ def run_demo(
         (name, initial, train_data, test, s, seed, milestones, config if name == "egeria" else None, total_steps, progress)
         for name in names
     ]
-    if s.turn_steps:
-        _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process")
-        answers = _in_turns(_train, calls, s.turn_steps)
-    else:
-        answers = [_in_fresh_process(_train, *args) for args in calls]
+    _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process")
+    answers = run_in_turns(_train, calls, s.turn_steps, initializer=_start_child, initargs=_child_settings())
     runs: dict[str, dict] = {name: record for name, (record, _) in zip(names, answers)}
     extras: dict[str, Any] = {name: extra for name, (_, extra) in zip(names, answers)}
 
@@ -206,50 +203,16 @@ def _reference_words() -> str:
     return "a bf16 reference computed in fp32 on bf16-rounded values, this CPU having no native bf16"
 
 
-def _in_fresh_process(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` in a new (spawned) process with this process's torch thread count and
-    log level."""
-    with _fresh_pool() as pool:
-        return pool.submit(fn, *args).result()
-
-
-def _in_turns(fn: Any, calls: list[tuple], every: int) -> list[Any]:
-    """``fn(*args)`` for each ``args`` of ``calls``, each in a new (spawned) process, all at
-    once, taking turns every ``every`` steps (``fn`` calls the process's :class:`Turns`).
-    When one fails, the others stop at their next turn and its error is raised."""
-    context = multiprocessing.get_context("spawn")
-    turns = Turns(context, len(calls), every)
-    pools = [_fresh_pool(turns, arm) for arm in range(len(calls))]
-    try:
-        futures = [pool.submit(fn, *args) for pool, args in zip(pools, calls)]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        if any(future.exception() is not None for future in done):
-            turns.stop()
-        return [future.result() for future in futures]
-    finally:
-        for pool in pools:
-            pool.shutdown()
-
-
-def _fresh_pool(turns: Turns | None = None, arm: int | None = None) -> ProcessPoolExecutor:
-    """A one-process pool (spawned) with this process's torch thread count and log level,
-    its process arm ``arm`` of ``turns`` where given."""
+def _child_settings() -> tuple[int, int | None]:
+    """(torch threads, log level) a child process takes from this one."""
     root = logging.getLogger()
-    return ProcessPoolExecutor(
-        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child,
-        initargs=(torch.get_num_threads(), root.level if root.handlers else None, turns, arm),
-    )
+    return torch.get_num_threads(), root.level if root.handlers else None
 
 
-_TURNS: tuple[Turns, int] | None = None  # in a child process: its turns and arm, when it takes turns
-
-
-def _start_child(threads: int, log_level: int | None, turns: Turns | None = None, arm: int | None = None) -> None:
-    global _TURNS
+def _start_child(threads: int, log_level: int | None) -> None:
     torch.set_num_threads(threads)
     if log_level is not None:
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
-    _TURNS = None if turns is None or arm is None else (turns, arm)
 
 
 def _setup(
@@ -302,8 +265,7 @@ def _train(
         return loader
 
     def show(result: StepResult) -> None:
-        if _TURNS is not None:
-            _TURNS[0].step()
+        turns.step()
         bar.update(1)
         if eg is not None:
             bar.set_postfix(loss=f"{result.loss:.3f}", frozen=len(eg.frozen), stage=eg.stage, refresh=False)
@@ -319,17 +281,17 @@ def _train(
             "%s epoch %d: %.4f test accuracy after %.1f s of training", name, result.epoch, accuracy, result.train_time_s
         )
 
+    turns = current_turns()
+    assert turns is not None, "a demo run trains in a process run_in_turns started"
     try:
-        if _TURNS is not None:
-            _TURNS[0].join(_TURNS[1])
+        turns.join()
         steps = train(
             model, optimizer, epoch_batches, classification_loss, epochs=s.epochs, scheduler=scheduler, egeria=eg,
             on_step=show, evaluate=evaluate,
         )
     finally:
+        turns.leave()
         bar.close()
-        if _TURNS is not None:
-            _TURNS[0].leave()
     train_time = steps[-1].train_time_s
     losses = [r.loss for r in steps]
     step_times = [r.time_s for r in steps]
@@ -543,8 +505,7 @@ def _plot(result: dict, path: Path) -> None:
 def _check_settings(s: DemoSettings) -> None:
     for name in ("train_limit", "test_limit", "epochs", "batch_size"):
         check_int(getattr(s, name), f"demo {name}")
-    if not isinstance(s.turn_steps, int) or isinstance(s.turn_steps, bool) or s.turn_steps < 0:
-        raise ValueError(f"demo turn_steps={s.turn_steps!r}: must be an int >= 0 (0: one run after the other)")
+    check_int(s.turn_steps, "demo turn_steps")
     if not all(isinstance(v, (int, float)) and 0 < v < 1 for v in s.lr_drops):
         raise ValueError(f"demo lr_drops={s.lr_drops!r}: each must be a share of the steps in (0, 1)")
 
