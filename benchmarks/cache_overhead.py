@@ -1,0 +1,160 @@
+"""What evaluating costs before anything freezes, with and without the activation cache:
+plain training, Egeria evaluating but never freezing, and the same through
+``Egeria.cache_loader``, side by side on the demo's setting (ResNet-20, 12,800 Fashion-MNIST
+images, batch 128, the demo's schedule), in the CPU-only layout (the caller's threads).
+
+The three arms train at once, each in its own process, taking turns every ``--turn`` steps
+(``egeria.turns``), so the machine's drift falls on all three; the order of the arms within
+a round rotates with ``--rounds``. Egeria runs its default configuration with
+``settle_ratio`` and ``floor_ratio`` set so that nothing freezes (its readings, controller and
+cost budget run as usual).
+
+    .venv/bin/python benchmarks/cache_overhead.py [--steps 300] [--turn 10] [--rounds 2]
+
+Per arm: the training steps' time (forward, backward, optimizer, scheduler, ``eg.step``;
+the loader's time apart), the process's CPU time (user and system, every thread) and minor
+page faults over the training loop, Egeria's own counted time; the ratios to plain. Writes
+``benchmarks/results/eval_overhead/cache-turns.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ("plain", "egeria", "egeria-cache")
+
+
+def _start(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _arm(name: str, steps: int, seed: int) -> dict:
+    import torch
+
+    import egeria.demo as demo
+    from egeria import Egeria, EgeriaConfig
+    from egeria.turns import current
+
+    turns = current()
+    assert turns is not None
+    s = demo.FULL
+    prepared = demo.prepare(s, seed)
+    model, optimizer, scheduler = demo._setup(prepared.initial, s, prepared.milestones)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(*prepared.train), batch_size=s.batch_size, shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    eg = None
+    if name != "plain":
+        never = EgeriaConfig(settle_ratio=1e-12, floor_ratio=0)  # evaluates as usual, freezes nothing
+        eg = Egeria(model, optimizer, config=never, lr_scheduler=scheduler, total_steps=prepared.total_steps)
+        if name == "egeria-cache":
+            loader = eg.cache_loader(loader)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    step_s, loader_s, done = 0.0, 0.0, 0
+    try:
+        turns.join()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        while done < steps:
+            waiting = time.perf_counter()
+            for x, y in loader:
+                started = time.perf_counter()
+                loader_s += started - waiting
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                if eg is not None:
+                    eg.step(loss)
+                step_s += time.perf_counter() - started
+                done += 1
+                turns.step()
+                if done >= steps:
+                    break
+                waiting = time.perf_counter()
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        turns.leave()
+    record = {
+        "arm": name, "steps": done, "step_s": step_s, "loader_s": loader_s,
+        "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
+        "minor_faults": after.ru_minflt - before.ru_minflt,
+    }
+    if eg is not None:
+        record["frozen"] = list(eg.frozen)
+        record["readings"] = len({row["step"] for row in eg.history})
+        record["egeria_counted_s"] = eg.controller_stats["overhead"]["egeria_s"]
+        record["eval_interval"] = eg.eval_interval
+        eg.close()
+    return record
+
+
+def _round(order: list[str], steps: int, turn: int, seed: int, threads: int) -> dict[str, dict]:
+    from egeria.turns import run_in_turns
+
+    calls = [(name, steps, seed) for name in order]
+    records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads,))
+    return dict(zip(order, records))
+
+
+def main() -> None:
+    import torch
+
+    from egeria.machine import describe_machine
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="training steps per arm (bootstrapping ends near 80)")
+    parser.add_argument("--turn", type=int, default=10, help="steps per turn")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, the arms' order rotated in each")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    command = " ".join([".venv/bin/python", "benchmarks/cache_overhead.py", *sys.argv[1:]])
+    machine = describe_machine()
+    print(command)
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+    threads = torch.get_num_threads()
+    rounds = []
+    for index in range(args.rounds):
+        order = list(ARMS[index % 3:] + ARMS[: index % 3])
+        records = _round(order, args.steps, args.turn, args.seed, threads)
+        assert not any(r.get("frozen") for r in records.values()), "a module froze"
+        plain = records["plain"]
+        for name in ARMS:
+            r = records[name]
+            r["step_ratio"] = r["step_s"] / plain["step_s"]
+            r["cpu_ratio"] = (r["cpu_user_s"] + r["cpu_sys_s"]) / (plain["cpu_user_s"] + plain["cpu_sys_s"])
+            print(
+                f"round {index} ({' > '.join(order)}): {name:>12}: steps {r['step_s']:7.1f} s ({r['step_ratio']:.3f}x), "
+                f"cpu {r['cpu_user_s'] + r['cpu_sys_s']:7.1f} s ({r['cpu_ratio']:.3f}x), loader {r['loader_s']:5.1f} s, "
+                f"minor faults {r['minor_faults']}"
+                + (f", readings {r['readings']}, Egeria counted {r['egeria_counted_s']}" if name != "plain" else ""),
+                flush=True,
+            )
+        rounds.append({"order": order, "arms": records})
+    summary = {
+        name: {
+            "step_ratio_median": statistics.median(r["arms"][name]["step_ratio"] for r in rounds),
+            "cpu_ratio_median": statistics.median(r["arms"][name]["cpu_ratio"] for r in rounds),
+        }
+        for name in ARMS[1:]
+    }
+    for name, figures in summary.items():
+        print(f"{name}: step time {figures['step_ratio_median']:.3f}x plain, CPU time {figures['cpu_ratio_median']:.3f}x plain (medians)")
+    out = ROOT / "benchmarks" / "results" / "eval_overhead" / "cache-turns.json"
+    out.write_text(json.dumps({"command": command, "machine": machine, "steps": args.steps, "turn": args.turn,
+                               "rounds": rounds, "summary": summary}, indent=1))
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
