@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -36,7 +34,7 @@ from .config import EgeriaConfig
 from .engine import Egeria
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine
-from .quantization import native_bf16
+from .quantization import bf16_kind
 from .turns import current as current_turns
 from .turns import run_in_turns
 
@@ -198,7 +196,7 @@ def identical_through(a: list[float], b: list[float]) -> int:
 
 def _reference_words() -> str:
     """How the default reference computes on this machine (the demo's model is on the CPU)."""
-    if native_bf16():
+    if bf16_kind(torch.device("cpu")) == "bf16":
         return "a bf16 reference"
     return "a bf16 reference computed in fp32 on bf16-rounded values, this CPU having no native bf16"
 

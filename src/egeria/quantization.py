@@ -31,6 +31,7 @@ __all__ = [
     "CastBlock",
     "RoundedBlock",
     "native_bf16",
+    "bf16_kind",
     "bf16_block",
     "CONV_TYPES",
 ]
@@ -223,11 +224,17 @@ def native_bf16() -> bool:
         return False
 
 
+def bf16_kind(device: torch.device) -> str:
+    """How a bf16 block on ``device`` computes: ``"bf16"`` (torch's bf16 kernels) on an
+    accelerator or where :func:`native_bf16`, else ``"bf16-rounded"`` (:class:`RoundedBlock`)."""
+    return "bf16-rounded" if device.type == "cpu" and not native_bf16() else "bf16"
+
+
 def bf16_block(block: nn.Module, device: torch.device) -> tuple[nn.Module, str]:
     """``block`` (living on ``device``) with bf16 numerics, and its kind: a
-    :class:`CastBlock` (``"bf16"``) on an accelerator or where :func:`native_bf16`, else a
-    :class:`RoundedBlock` (``"bf16-rounded"``; a block it cannot hook gets a CastBlock)."""
-    if device.type == "cpu" and not native_bf16():
+    :class:`CastBlock` (``"bf16"``) or a :class:`RoundedBlock` (``"bf16-rounded"``) as
+    :func:`bf16_kind` says (a block it cannot hook gets a CastBlock)."""
+    if bf16_kind(device) == "bf16-rounded":
         try:
             return RoundedBlock(block), "bf16-rounded"
         except RuntimeError as err:
