@@ -13,8 +13,9 @@ cost budget run as usual).
 
 Per arm: the training steps' time (forward, backward, optimizer, scheduler, ``eg.step``;
 the loader's time apart), the process's CPU time (user and system, every thread) and minor
-page faults over the training loop, Egeria's own counted time; the ratios to plain. Writes
-``benchmarks/results/eval_overhead/cache-turns.json``.
+page faults over the training loop, Egeria's own counted time; the ratios to plain. Every
+arm fixes glibc's heap thresholds first (``egeria.allocator``) unless ``--heap default``.
+Writes ``benchmarks/results/eval_overhead/cache-turns-<heap>-heap.json``.
 """
 
 from __future__ import annotations
@@ -31,10 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("plain", "egeria", "egeria-cache")
 
 
-def _start(threads: int) -> None:
+def _start(threads: int, steady: bool) -> None:
     import torch
 
+    from egeria.allocator import steady_heap
+
     torch.set_num_threads(threads)
+    if steady and not steady_heap():
+        raise SystemExit("--heap steady needs glibc; run with --heap default")
 
 
 def _arm(name: str, steps: int, seed: int) -> dict:
@@ -99,11 +104,11 @@ def _arm(name: str, steps: int, seed: int) -> dict:
     return record
 
 
-def _round(order: list[str], steps: int, turn: int, seed: int, threads: int) -> dict[str, dict]:
+def _round(order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool) -> dict[str, dict]:
     from egeria.turns import run_in_turns
 
     calls = [(name, steps, seed) for name in order]
-    records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads,))
+    records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads, steady))
     return dict(zip(order, records))
 
 
@@ -117,6 +122,10 @@ def main() -> None:
     parser.add_argument("--turn", type=int, default=10, help="steps per turn")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the arms' order rotated in each")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--heap", choices=("steady", "default"), default="steady",
+        help="steady: every arm fixes glibc's heap thresholds first (egeria.allocator); default: as the process starts",
+    )
     args = parser.parse_args()
     command = " ".join([".venv/bin/python", "benchmarks/cache_overhead.py", *sys.argv[1:]])
     machine = describe_machine()
@@ -126,7 +135,7 @@ def main() -> None:
     rounds = []
     for index in range(args.rounds):
         order = list(ARMS[index % 3:] + ARMS[: index % 3])
-        records = _round(order, args.steps, args.turn, args.seed, threads)
+        records = _round(order, args.steps, args.turn, args.seed, threads, args.heap == "steady")
         assert not any(r.get("frozen") for r in records.values()), "a module froze"
         plain = records["plain"]
         for name in ARMS:
@@ -150,8 +159,8 @@ def main() -> None:
     }
     for name, figures in summary.items():
         print(f"{name}: step time {figures['step_ratio_median']:.3f}x plain, CPU time {figures['cpu_ratio_median']:.3f}x plain (medians)")
-    out = ROOT / "benchmarks" / "results" / "eval_overhead" / "cache-turns.json"
-    out.write_text(json.dumps({"command": command, "machine": machine, "steps": args.steps, "turn": args.turn,
+    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"cache-turns-{args.heap}-heap.json"
+    out.write_text(json.dumps({"command": command, "machine": machine, "steps": args.steps, "turn": args.turn, "heap": args.heap,
                                "rounds": rounds, "summary": summary}, indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
 

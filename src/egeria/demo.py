@@ -6,7 +6,9 @@ optimizer step. The two runs train at once, each in a fresh process of its own w
 caller's torch thread count, taking turns every ``turn_steps`` steps
 (:mod:`egeria.turns`): neither inherits the other's allocator and cache state (on a 2-core
 VM the first run of a process was up to 15% faster than a second one of the same work),
-and a drift of the machine's speed falls on both alike. The two runs are bit-identical
+and a drift of the machine's speed falls on both alike. Both processes fix glibc's heap
+thresholds first (:mod:`egeria.allocator`; ``steady_heap``), so that neither pays page
+faults on every step by the chance of its first allocations. The two runs are bit-identical
 until Egeria's first freeze, which the demo checks and reports. It prints the machine and
 a table (training wall time, final test accuracy, time-to-target speedup, when each layer
 module froze and unfroze), and writes ``demo.png`` (frozen share of parameters over steps;
@@ -33,6 +35,7 @@ from .checks import check_int
 from .config import EgeriaConfig
 from .engine import Egeria
 from .harness import StepResult, classification_loss, train
+from .allocator import steady_heap
 from .machine import describe_machine
 from .quantization import bf16_kind
 from .turns import current as current_turns
@@ -65,6 +68,9 @@ class DemoSettings:
     # The two runs train at once in turns of this many steps, each in its own process, so
     # the machine's drift (10% and more over minutes on a shared VM) falls on both alike.
     turn_steps: int = 10
+    # Both runs' processes fix glibc's heap thresholds before training (egeria.allocator):
+    # otherwise which of them pays thousands of page faults per step is a matter of chance.
+    steady_heap: bool = True
 
 
 #: The full demo: about 4 minutes per run on two CPU cores (with evaluation, 9 in all).
@@ -132,8 +138,9 @@ def run_demo(
         (name, initial, train_data, test, s, seed, milestones, config if name == "egeria" else None, total_steps, progress)
         for name in names
     ]
-    _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process")
-    answers = run_in_turns(_train, calls, s.turn_steps, initializer=_start_child, initargs=_child_settings())
+    heap = ", glibc's heap thresholds fixed in both (egeria.allocator)" if s.steady_heap else ""
+    _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process{heap}")
+    answers = run_in_turns(_train, calls, s.turn_steps, initializer=_start_child, initargs=_child_settings(s))
     runs: dict[str, dict] = {name: record for name, (record, _) in zip(names, answers)}
     extras: dict[str, Any] = {name: extra for name, (_, extra) in zip(names, answers)}
 
@@ -201,14 +208,20 @@ def _reference_words() -> str:
     return "a bf16 reference computed in fp32 on bf16-rounded values, this CPU having no native bf16"
 
 
-def _child_settings() -> tuple[int, int | None]:
-    """(torch threads, log level) a child process takes from this one."""
+def _child_settings(s: DemoSettings) -> tuple[int, int | None, bool]:
+    """(torch threads, log level, steady heap) a child process takes from this one."""
     root = logging.getLogger()
-    return torch.get_num_threads(), root.level if root.handlers else None
+    return torch.get_num_threads(), root.level if root.handlers else None, s.steady_heap
 
 
-def _start_child(threads: int, log_level: int | None) -> None:
+_heap = "default"  # how this process's heap allocates: "steady" once _start_child fixed it
+
+
+def _start_child(threads: int, log_level: int | None, steady: bool) -> None:
+    global _heap
     torch.set_num_threads(threads)
+    if steady and steady_heap():
+        _heap = "steady"
     if log_level is not None:
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
 
@@ -294,6 +307,7 @@ def _train(
     losses = [r.loss for r in steps]
     step_times = [r.time_s for r in steps]
     record = {
+        "heap": _heap,
         "epochs": epochs,
         "train_time_s": train_time,
         "final_accuracy": epochs[-1]["test_accuracy"],
@@ -504,6 +518,8 @@ def _check_settings(s: DemoSettings) -> None:
     for name in ("train_limit", "test_limit", "epochs", "batch_size"):
         check_int(getattr(s, name), f"demo {name}")
     check_int(s.turn_steps, "demo turn_steps")
+    if not isinstance(s.steady_heap, bool):
+        raise ValueError(f"demo steady_heap={s.steady_heap!r}: must be True or False")
     if not all(isinstance(v, (int, float)) and 0 < v < 1 for v in s.lr_drops):
         raise ValueError(f"demo lr_drops={s.lr_drops!r}: each must be a share of the steps in (0, 1)")
 

@@ -1,0 +1,73 @@
+"""Fixed heap thresholds for the processes of a timed comparison (glibc only).
+
+glibc's ``malloc`` serves a request above its *mmap threshold* with a fresh ``mmap`` and
+returns it to the kernel when it is freed, so the next request of that size touches new
+pages and takes a page fault per 4 KiB page. The threshold starts at 128 KiB and rises to
+the size of the largest mmapped chunk freed so far (up to 32 MiB), so it depends on the
+order of a process's first large allocations. Two processes doing the same training steps
+can end up in different states: on the 2-core VM of the committed demo figures, ResNet-20's
+training steps (activations of 1.6-6.4 MB) took 0 page faults in one process and 4,000 to
+18,000 per step in another, 2-47 ms of kernel time per step, and which process paid
+depended on nothing either did differently (``benchmarks/README.md``, "The heap").
+
+:func:`steady_heap` fixes both thresholds (the mmap threshold above every activation, the
+trim threshold high enough that freed memory stays in the heap), so every arm of a
+comparison allocates the same way from its first step. It speeds up plain training as
+much as Egeria's, changes no result, and is applied to *every* arm of the demo and of the
+benchmarks. Egeria never calls it in a user's process on its own: it is the process's
+allocator, not Egeria's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+__all__ = ["steady_heap", "MMAP_THRESHOLD_MAX"]
+
+logger = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # glibc malloc.h
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # the largest mmap threshold glibc accepts on 64-bit Linux
+
+
+def steady_heap(mmap_threshold: int = MMAP_THRESHOLD_MAX, trim_threshold: int = 1 << 30) -> bool:
+    """Fixes this process's glibc heap thresholds (bytes); returns whether they were set.
+
+    Returns False, changing nothing, where the C library is not glibc (macOS, musl,
+    Windows) or refuses a value.
+
+    Raises:
+        ValueError: a threshold that is not a positive int, or an mmap threshold above
+            :data:`MMAP_THRESHOLD_MAX`.
+    """
+    for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int (bytes), got {value!r}")
+    if mmap_threshold > MMAP_THRESHOLD_MAX:
+        raise ValueError(f"mmap_threshold must be at most {MMAP_THRESHOLD_MAX} (glibc's limit), got {mmap_threshold}")
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
+    done = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+    if not done:
+        logger.warning("glibc refused the heap thresholds (mmap %d, trim %d); the heap is left as it was", mmap_threshold, trim_threshold)
+    return done
+
+
+def _mallopt():
+    """glibc's ``mallopt`` (int, int) -> int, or None where this is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # glibc alone has it
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return mallopt
