@@ -1,7 +1,9 @@
 """What evaluating costs before anything freezes, with and without the activation cache:
 plain training, Egeria evaluating but never freezing, and the same through
 ``Egeria.cache_loader``, side by side on the demo's setting (ResNet-20, 12,800 Fashion-MNIST
-images, batch 128, the demo's schedule), in the CPU-only layout (the caller's threads).
+images, batch 128, the demo's schedule), in either benchmark layout (``egeria.bench.layouts``:
+``cpu``, every core training; ``accel``, one core and thread training, Egeria's controller
+process on the others).
 
 The three arms train at once, each in its own process, taking turns every ``--turn`` steps
 (``egeria.turns``), so the machine's drift falls on all three; the order of the arms within
@@ -9,13 +11,13 @@ a round rotates with ``--rounds``. Egeria runs its default configuration with
 ``settle_ratio`` and ``floor_ratio`` set so that nothing freezes (its readings, controller and
 cost budget run as usual).
 
-    .venv/bin/python benchmarks/cache_overhead.py [--steps 300] [--turn 10] [--rounds 2]
+    .venv/bin/python benchmarks/cache_overhead.py [--steps 300] [--turn 10] [--rounds 2] [--layout cpu]
 
 Per arm: the training steps' time (forward, backward, optimizer, scheduler, ``eg.step``;
 the loader's time apart), the process's CPU time (user and system, every thread) and minor
 page faults over the training loop, Egeria's own counted time; the ratios to plain. Every
 arm fixes glibc's heap thresholds first (``egeria.allocator``) unless ``--heap default``.
-Writes ``benchmarks/results/eval_overhead/cache-turns-<heap>-heap.json``.
+Writes ``benchmarks/results/eval_overhead/cache-turns-<layout>-<heap>-heap.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,15 @@ def _start(threads: int, steady: bool) -> None:
         raise SystemExit("--heap steady needs glibc; run with --heap default")
 
 
-def _arm(name: str, steps: int, seed: int) -> dict:
+def _arm(name: str, steps: int, seed: int, layout: str) -> dict:
+    from egeria.bench.layouts import pinned, resolve_layout
+
+    place = resolve_layout(layout)
+    with pinned(place):
+        return _train_arm(name, steps, seed, place.config_overrides("egeria"))
+
+
+def _train_arm(name: str, steps: int, seed: int, overrides: dict) -> dict:
     import torch
 
     import egeria.demo as demo
@@ -60,7 +70,7 @@ def _arm(name: str, steps: int, seed: int) -> dict:
     )
     eg = None
     if name != "plain":
-        never = EgeriaConfig(settle_ratio=1e-12, floor_ratio=0)  # evaluates as usual, freezes nothing
+        never = EgeriaConfig(settle_ratio=1e-12, floor_ratio=0, **overrides)  # evaluates as usual, freezes nothing
         eg = Egeria(model, optimizer, config=never, lr_scheduler=scheduler, total_steps=prepared.total_steps)
         if name == "egeria-cache":
             loader = eg.cache_loader(loader)
@@ -104,10 +114,12 @@ def _arm(name: str, steps: int, seed: int) -> dict:
     return record
 
 
-def _round(order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool) -> dict[str, dict]:
+def _round(
+    order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool, layout: str
+) -> dict[str, dict]:
     from egeria.turns import run_in_turns
 
-    calls = [(name, steps, seed) for name in order]
+    calls = [(name, steps, seed, layout) for name in order]
     records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads, steady))
     return dict(zip(order, records))
 
@@ -123,6 +135,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the arms' order rotated in each")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--layout", choices=("cpu", "accel"), default="cpu",
+        help="cpu: every arm trains on all cores, Egeria's controller where its config puts it; accel: every arm "
+        "trains on the first core with one thread, Egeria's controller in a process on the others",
+    )
+    parser.add_argument(
         "--heap", choices=("steady", "default"), default="steady",
         help="steady: every arm fixes glibc's heap thresholds first (egeria.allocator); default: as the process starts",
     )
@@ -135,7 +152,7 @@ def main() -> None:
     rounds = []
     for index in range(args.rounds):
         order = list(ARMS[index % 3:] + ARMS[: index % 3])
-        records = _round(order, args.steps, args.turn, args.seed, threads, args.heap == "steady")
+        records = _round(order, args.steps, args.turn, args.seed, threads, args.heap == "steady", args.layout)
         assert not any(r.get("frozen") for r in records.values()), "a module froze"
         plain = records["plain"]
         for name in ARMS:
@@ -159,8 +176,9 @@ def main() -> None:
     }
     for name, figures in summary.items():
         print(f"{name}: step time {figures['step_ratio_median']:.3f}x plain, CPU time {figures['cpu_ratio_median']:.3f}x plain (medians)")
-    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"cache-turns-{args.heap}-heap.json"
-    out.write_text(json.dumps({"command": command, "machine": machine, "steps": args.steps, "turn": args.turn, "heap": args.heap,
+    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"cache-turns-{args.layout}-{args.heap}-heap.json"
+    out.write_text(json.dumps({"command": command, "machine": machine, "steps": args.steps, "turn": args.turn,
+                               "layout": args.layout, "heap": args.heap,
                                "rounds": rounds, "summary": summary}, indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
 

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import egeria.allocator
 import egeria.bench.layouts
 import egeria.bench.run
 from egeria.bench import run_bench
@@ -27,6 +28,7 @@ def test_bench_cli_records_a_run_with_flops_that_drop_after_a_freeze(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     assert run["layout"] == {"name": "cpu", "train_cpus": cores, "torch_threads": len(cores), "controller_cpus": None}
     assert run["total_steps"] == 8 and [r["step"] for r in run["records"]] == [2, 4, 6, 8]
+    assert run["heap"] == ("steady" if egeria.allocator._mallopt() is not None else "default")
     assert all(0 <= r["metric"] <= 1 and r["wall_time_s"] > 0 for r in run["records"])
     # static: 2 modules freeze after the first epoch (step 4); the steps after run fewer FLOPs.
     assert [(e["step"], e["action"], e["modules"]) for e in run["events"]] == [(4, "freeze", run["modules"][:2])]
@@ -102,14 +104,18 @@ def test_unknown_task_and_policy(tmp_path):
         run_bench("cifar", "none", out_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown policy 'magic'"):
         run_bench("resnet-fmnist", "magic", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown heap 'jemalloc'"):
+        run_bench("resnet-fmnist", "none", out_dir=tmp_path, heap="jemalloc")
 
 
 @needs_fmnist
 def test_config_overrides_from_the_command_line(tmp_path):
     main(["bench", "resnet-fmnist", "--policy", "egeria", "--epochs", "1", "--limit", "256",
           "--eval-limit", "100", "--out", str(tmp_path), "--no-progress",
-          "--set", "eval_interval=1", "--set", "reference_precision=fp32", "--set", "executor=inline"])
+          "--set", "eval_interval=1", "--set", "reference_precision=fp32", "--set", "executor=inline",
+          "--heap", "default"])
     run = json.loads((tmp_path / "cpu" / "resnet-fmnist" / "egeria-seed0.json").read_text())
+    assert run["heap"] == "default"  # as asked: the heap left as the process started
     assert run["config"]["eval_interval"] == 1 and run["config"]["reference_precision"] == "fp32"
     assert run["config"]["executor"] == "inline"
     with pytest.raises(ValueError, match="no field 'eval_intervall'"):

@@ -240,6 +240,17 @@ def test_machines_reported(report: tuple[dict, Path]) -> None:
     assert "2 different machines" in md and "another cpu" in md
 
 
+def test_runs_with_different_heaps_are_flagged(tmp_path: Path) -> None:
+    runs = [r for r in _suite() if r["task"] == "resnet-fmnist"]
+    rep = build_report(runs, tmp_path / "same", plots=False)
+    assert all(d["heaps"] == ["default"] for d in rep["tasks"]["resnet-fmnist"]["layouts"].values())
+    assert "heap thresholds" not in (tmp_path / "same" / "report.md").read_text()
+    runs[0] = {**runs[0], "heap": "steady"}
+    rep = build_report(runs, tmp_path / "mixed", plots=False)
+    assert ["default", "steady"] in [d["heaps"] for d in rep["tasks"]["resnet-fmnist"]["layouts"].values()]
+    assert "fixed their heap thresholds and some did not" in (tmp_path / "mixed" / "report.md").read_text()
+
+
 def test_single_machine_line(tmp_path: Path) -> None:
     runs = [r for r in _suite() if r["task"] == "resnet-fmnist"]
     build_report(runs, tmp_path, plots=False)

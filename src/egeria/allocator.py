@@ -4,11 +4,14 @@ glibc's ``malloc`` serves a request above its *mmap threshold* with a fresh ``mm
 returns it to the kernel when it is freed, so the next request of that size touches new
 pages and takes a page fault per 4 KiB page. The threshold starts at 128 KiB and rises to
 the size of the largest mmapped chunk freed so far (up to 32 MiB), so it depends on the
-order of a process's first large allocations. Two processes doing the same training steps
-can end up in different states: on the 2-core VM of the committed demo figures, ResNet-20's
-training steps (activations of 1.6-6.4 MB) took 0 page faults in one process and 4,000 to
-18,000 per step in another, 2-47 ms of kernel time per step, and which process paid
-depended on nothing either did differently (``benchmarks/README.md``, "The heap").
+order of a process's first large allocations, and freed memory above the *trim threshold*
+(twice the mmap threshold) at the top of the heap goes back to the kernel too. Processes
+doing the same training steps can end up in different states: on the 2-core VM of the
+committed demo figures, three processes of ResNet-20 at batch 128 (activations of 1.6-6.4
+MB) took 10,800 to 20,900 page faults per step and 10-20 s of kernel time over 250 steps,
+and which one paid most was a matter of chance; with fixed thresholds each took about 300
+and 0.5-0.8 s (``benchmarks/README.md``, "The heap";
+``benchmarks/results/eval_overhead/cache-turns-cpu-*-heap.json``).
 
 :func:`steady_heap` fixes both thresholds (the mmap threshold above every activation, the
 trim threshold high enough that freed memory stays in the heap), so every arm of a

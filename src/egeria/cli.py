@@ -64,6 +64,7 @@ def _run_demo(args: argparse.Namespace, command: str) -> int:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from .bench import POLICY_NAMES, TASKS
+    from .bench.run import HEAPS
     from .bench.layouts import LAYOUTS
 
     p = sub.add_parser(
@@ -99,6 +100,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "(POLICY-seedS-snapshots/stepN.pt; for benchmarks/oracle.py)",
     )
     p.add_argument(
+        "--heap", choices=HEAPS, default="steady",
+        help="steady: fix glibc's heap thresholds before training, so no run pays page faults on every step "
+        "by chance (egeria.allocator); default: leave the heap as the process started (default: %(default)s)",
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
         help="override one EgeriaConfig field, e.g. --set eval_interval=20 (repeatable; "
         "VALUE is read as a Python literal, else as a string)",
@@ -125,6 +131,7 @@ def _run_bench(args: argparse.Namespace, command: str) -> int:
         progress=not args.no_progress,
         cache=args.cache,
         snapshots=args.snapshots,
+        heap=args.heap,
     )
     final = result["final"]
     print(

@@ -217,6 +217,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
         "plain_seeds": [r["seed"] for r in plain],
         "seed_noise": noise,
         "same_machine": len({_machine_key(r) for r in runs}) == 1,
+        "heaps": sorted({r.get("heap", "default") for r in runs}),
         "commands": [r["command"] for r in _ordered(runs) if r.get("command")],
     }
 
@@ -344,6 +345,13 @@ def _layout_section(task_data: dict, data: dict) -> list[str]:
         ]
     if not data["same_machine"]:
         lines += ["**The runs of this layout come from different machines: compare their times with care.**", ""]
+    if len(data["heaps"]) > 1:
+        lines += [
+            "**Some runs of this layout fixed their heap thresholds and some did not (`heap`: steady / default): "
+            "a default heap can cost 10% or more of a step in page faults, by chance (`egeria.allocator`); "
+            "compare their times with care.**",
+            "",
+        ]
     lines += _table(data, metric)
     lines += [""] + _noise_sentences(data, metric)
     return lines
@@ -422,7 +430,8 @@ def build_report(runs: list[dict], out_dir: str | PathLike[str], *, plots: bool 
         final_metric, wall_time_s, total_flops, reached, tta_s, tta_step, tta_speedup, ideal_speedup,
         efficiency, backward_flops_vs_plain, source; None where a number does not exist),
         ``seed_spread``, ``plain_seeds``, ``seed_noise`` (policy, seed, abs_diff,
-        within_noise), ``same_machine`` and ``commands``.
+        within_noise), ``same_machine``, ``heaps`` (the runs' heaps, ``"default"`` for
+        runs that record none) and ``commands``.
 
     Raises:
         ValueError: no runs, a run of a format this module does not read, runs of one task

@@ -8,7 +8,9 @@ At a fixed cadence it records training wall time (evaluation excluded), the vali
 metric, the frozen modules, the trainable share of parameters and the FLOPs one training
 step executes with the current frozen set, the backward's apart (counted by
 ``torch.utils.flop_counter`` on the first step after every change of the frozen set).
-Egeria's plasticity readings and every freeze/unfreeze event go in too. The schema is
+Egeria's plasticity readings and every freeze/unfreeze event go in too. Unless told
+otherwise the process fixes its glibc heap thresholds first (:mod:`egeria.allocator`), for
+every policy alike, and records that. The schema is
 documented in ``egeria.bench.report``.
 """
 
@@ -22,6 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..allocator import steady_heap
 from ..checks import check_int
 from ..config import EgeriaConfig
 from ..engine import Egeria
@@ -31,7 +34,7 @@ from .flops import share
 from .layouts import pinned, resolve_layout
 from .tasks import Task, build_task
 
-__all__ = ["run_bench", "POLICY_NAMES", "FORMAT"]
+__all__ = ["run_bench", "POLICY_NAMES", "HEAPS", "FORMAT"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ FORMAT = 2
 """The run-file format written: 2 added ``layout`` and the backward FLOPs (format 1 had
 neither; :mod:`egeria.bench.report` reads both)."""
 POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "none")
+HEAPS = ("steady", "default")
 
 
 def run_bench(
@@ -59,6 +63,7 @@ def run_bench(
     progress: bool = False,
     cache: bool = False,
     snapshots: bool = False,
+    heap: str = "steady",
 ) -> dict:
     """Trains ``task_name`` under ``policy`` in ``layout`` and writes
     ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json`` (``<policy>-cache-seed<seed>.json``
@@ -91,6 +96,11 @@ def run_bench(
         snapshots: also save the model's weights at every record, outside the timed
             training, as ``<stem>-snapshots/step<N>.pt`` beside the JSON (for the post-hoc
             study of when each module converged, ``benchmarks/oracle.py``).
+        heap: ``"steady"`` fixes this process's glibc heap thresholds before training
+            (:func:`egeria.allocator.steady_heap`: no page faults per step by the chance of
+            the first allocations, for every policy alike); ``"default"`` leaves the heap as
+            the process started. The run records the heap it trained with (``"default"``
+            where the C library is not glibc).
 
     Returns:
         The recorded run (also written as JSON).
@@ -102,6 +112,8 @@ def run_bench(
     if policy not in POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {list(POLICY_NAMES)}")
     check_int(records_per_epoch, "records_per_epoch")
+    if heap not in HEAPS:
+        raise ValueError(f"unknown heap {heap!r}; choose one of {list(HEAPS)}")
     place = resolve_layout(layout)
     out = Path(out_dir) / layout
     if task_name == "finetune-mnist" and init is None:
@@ -111,7 +123,7 @@ def run_bench(
             task_name, policy, seed=seed, epochs=epochs, out=out, layout=place.to_dict(), limit=limit,
             eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, config=config,
             overrides={**place.config_overrides(policy), **(overrides or {})}, command=command, progress=progress,
-            cache=cache, snapshots=snapshots,
+            cache=cache, snapshots=snapshots, heap="steady" if heap == "steady" and steady_heap() else "default",
         )
 
 
@@ -133,6 +145,7 @@ def _run(
     progress: bool,
     cache: bool,
     snapshots: bool = False,
+    heap: str = "default",
 ) -> dict:
     """:func:`run_bench` inside its layout: trains and writes ``out/<task>/<stem>.json``."""
     task, epochs = build_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
@@ -169,6 +182,7 @@ def _run(
         "limit": limit,
         "eval_limit": eval_limit,
         "cache": cache,
+        "heap": heap,
     }
     target = out / task_name / f"{policy}{'-cache' if cache else ''}-seed{seed}.json"
     snapshot_dir = target.with_name(target.stem + "-snapshots") if snapshots else None
