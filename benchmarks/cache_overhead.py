@@ -41,7 +41,7 @@ def _start(threads: int, steady: bool) -> None:
 
     torch.set_num_threads(threads)
     if steady and not steady_heap():
-        raise SystemExit("--heap steady needs glibc; run with --heap default")
+        raise RuntimeError("glibc refused the heap thresholds in an arm's process")
 
 
 def _arm(name: str, steps: int, seed: int, layout: str) -> dict:
@@ -127,6 +127,7 @@ def _round(
 def main() -> None:
     import torch
 
+    import egeria.allocator as allocator
     from egeria.machine import describe_machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,6 +145,8 @@ def main() -> None:
         help="steady: every arm fixes glibc's heap thresholds first (egeria.allocator); default: as the process starts",
     )
     args = parser.parse_args()
+    if args.heap == "steady" and allocator._mallopt() is None:
+        parser.error("--heap steady needs glibc's mallopt (this C library has none); use --heap default")
     command = " ".join([".venv/bin/python", "benchmarks/cache_overhead.py", *sys.argv[1:]])
     machine = describe_machine()
     print(command)

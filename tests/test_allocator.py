@@ -17,10 +17,11 @@ glibc = pytest.mark.skipif(allocator._mallopt() is None, reason="the C library i
 # (the second may still place one of them anew, around what torch's first calls kept).
 _ROUNDS = """
 import resource, sys, torch
-from egeria.allocator import steady_heap
+from egeria.allocator import heap_state, steady_heap
 torch.set_num_threads(1)
+assert heap_state() == "default"
 if sys.argv[1] == "steady":
-    assert steady_heap()
+    assert steady_heap() and heap_state() == "steady"
 faults = []
 for round in range(10):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -36,27 +37,34 @@ def _worst_round(heap: str) -> int:
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @glibc
 def test_a_steady_heap_reuses_freed_activations_without_page_faults():
     one = 4 * (1 << 20) // 4096  # the pages of one activation
     assert _worst_round("steady") < one // 4  # the later rounds reuse the earlier rounds' pages
 
 
-@glibc
-def test_steady_heap_reports_that_it_set_the_thresholds():
-    # In this process too: a pytest process allocates the same afterwards, only faster.
-    assert steady_heap() is True
-
-
 def test_steady_heap_changes_nothing_without_glibc(monkeypatch):
+    monkeypatch.setattr(allocator, "_state", "default")
     monkeypatch.setattr(allocator, "_mallopt", lambda: None)
     assert steady_heap() is False
+    assert allocator.heap_state() == "default"
 
 
 def test_steady_heap_warns_when_glibc_refuses(monkeypatch, caplog):
+    monkeypatch.setattr(allocator, "_state", "default")
     monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: 0)
     assert steady_heap() is False
-    assert "refused" in caplog.text
+    assert "refused" in caplog.text and allocator.heap_state() == "default"
+
+
+def test_steady_heap_passes_both_thresholds_to_mallopt(monkeypatch):
+    calls = []
+    monkeypatch.setattr(allocator, "_state", "default")
+    monkeypatch.setattr(allocator, "_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    assert steady_heap(mmap_threshold=1 << 20, trim_threshold=1 << 30) is True
+    assert calls == [(allocator._M_MMAP_THRESHOLD, 1 << 20), (allocator._M_TRIM_THRESHOLD, 1 << 30)]
+    assert allocator.heap_state() == "steady"
 
 
 @pytest.mark.parametrize(
@@ -66,6 +74,7 @@ def test_steady_heap_warns_when_glibc_refuses(monkeypatch, caplog):
         ({"trim_threshold": -1}, "trim_threshold"),
         ({"mmap_threshold": 1.5}, "1.5"),
         ({"trim_threshold": True}, "True"),
+        ({"trim_threshold": 2**32 + 5}, str(2**32 + 5)),  # a C int would wrap it to 5
         ({"mmap_threshold": MMAP_THRESHOLD_MAX + 1}, str(MMAP_THRESHOLD_MAX + 1)),
     ],
 )

@@ -440,6 +440,13 @@ def test_format_2_runs_must_record_a_known_layout(tmp_path: Path) -> None:
         load_runs([tmp_path / "gpu.json"])
 
 
+def test_a_recorded_heap_must_be_known(tmp_path: Path) -> None:
+    run = _run("resnet-fmnist", "none", 0, [10, 20], [0.5, 0.9], 100.0, layout="cpu")
+    (tmp_path / "heap.json").write_text(json.dumps({**run, "heap": None}))
+    with pytest.raises(ValueError, match=r"heap\.json: 'heap' must be 'steady' or 'default', got None"):
+        load_runs([tmp_path / "heap.json"])
+
+
 def test_duplicates_are_per_layout(tmp_path: Path) -> None:
     runs = _two_layouts()
     assert len(build_report(runs, tmp_path, plots=False)["tasks"]["resnet-fmnist"]["layouts"]) == 2

@@ -13,8 +13,9 @@ and which one paid most was a matter of chance; with fixed thresholds each took 
 and 0.5-0.8 s (``benchmarks/README.md``, "The heap";
 ``benchmarks/results/eval_overhead/cache-turns-cpu-*-heap.json``).
 
-:func:`steady_heap` fixes both thresholds (the mmap threshold above every activation, the
-trim threshold high enough that freed memory stays in the heap), so every arm of a
+:func:`steady_heap` fixes both thresholds (the mmap threshold at glibc's maximum, above the
+activations of most models on a CPU; buffers larger than 32 MiB still come from fresh pages;
+the trim threshold high enough that freed memory stays in the heap), so every arm of a
 comparison allocates the same way from its first step. It speeds up plain training as
 much as Egeria's, changes no result, and is applied to *every* arm of the demo and of the
 benchmarks. Egeria never calls it in a user's process on its own: it is the process's
@@ -24,32 +25,43 @@ allocator, not Egeria's.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
+from typing import Callable
 
-__all__ = ["steady_heap", "MMAP_THRESHOLD_MAX"]
+__all__ = ["steady_heap", "heap_state", "MMAP_THRESHOLD_MAX"]
 
 logger = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1  # glibc malloc.h
 _M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # the largest mmap threshold glibc accepts on 64-bit Linux
+MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * ctypes.sizeof(ctypes.c_long)  # glibc's largest: 32 MiB on 64-bit
+_INT_MAX = 2**31 - 1  # mallopt takes a C int
+
+_state = "default"  # "steady" once steady_heap() has fixed this process's thresholds
+
+
+def heap_state() -> str:
+    """How this process's heap allocates: ``"steady"`` once :func:`steady_heap` fixed its
+    thresholds, else ``"default"``."""
+    return _state
 
 
 def steady_heap(mmap_threshold: int = MMAP_THRESHOLD_MAX, trim_threshold: int = 1 << 30) -> bool:
     """Fixes this process's glibc heap thresholds (bytes); returns whether they were set.
 
     Returns False, changing nothing, where the C library is not glibc (macOS, musl,
-    Windows) or refuses a value.
+    Windows) or refuses a value. Under an ``LD_PRELOAD``-ed allocator (jemalloc, tcmalloc)
+    glibc still accepts the values, which then change nothing.
 
     Raises:
-        ValueError: a threshold that is not a positive int, or an mmap threshold above
-            :data:`MMAP_THRESHOLD_MAX`.
+        ValueError: a threshold that is not a positive int of at most 2**31 - 1, or an mmap
+            threshold above :data:`MMAP_THRESHOLD_MAX`.
     """
+    global _state
     for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int (bytes), got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT_MAX:
+            raise ValueError(f"{name} must be a positive int (bytes) of at most {_INT_MAX}, got {value!r}")
     if mmap_threshold > MMAP_THRESHOLD_MAX:
         raise ValueError(f"mmap_threshold must be at most {MMAP_THRESHOLD_MAX} (glibc's limit), got {mmap_threshold}")
     mallopt = _mallopt()
@@ -57,16 +69,21 @@ def steady_heap(mmap_threshold: int = MMAP_THRESHOLD_MAX, trim_threshold: int = 
         return False
     done = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     if not done:
-        logger.warning("glibc refused the heap thresholds (mmap %d, trim %d); the heap is left as it was", mmap_threshold, trim_threshold)
-    return done
+        logger.warning(
+            "glibc refused the heap thresholds (mmap %d, trim %d); the heap is left as it was",
+            mmap_threshold, trim_threshold,
+        )
+        return False
+    _state = "steady"
+    return True
 
 
-def _mallopt():
+def _mallopt() -> Callable[[int, int], int] | None:
     """glibc's ``mallopt`` (int, int) -> int, or None where this is not glibc."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own C library
         libc.gnu_get_libc_version  # glibc alone has it
         mallopt = libc.mallopt
     except (OSError, AttributeError):

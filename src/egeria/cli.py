@@ -63,8 +63,7 @@ def _run_demo(args: argparse.Namespace, command: str) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from .bench import POLICY_NAMES, TASKS
-    from .bench.run import HEAPS
+    from .bench import HEAPS, POLICY_NAMES, TASKS
     from .bench.layouts import LAYOUTS
 
     p = sub.add_parser(

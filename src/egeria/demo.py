@@ -31,11 +31,11 @@ from typing import Any, NamedTuple, TextIO
 import torch
 from torch import nn
 
+from .allocator import heap_state, steady_heap
 from .checks import check_int
 from .config import EgeriaConfig
 from .engine import Egeria
 from .harness import StepResult, classification_loss, train
-from .allocator import steady_heap
 from .machine import describe_machine
 from .quantization import bf16_kind
 from .turns import current as current_turns
@@ -214,14 +214,10 @@ def _child_settings(s: DemoSettings) -> tuple[int, int | None, bool]:
     return torch.get_num_threads(), root.level if root.handlers else None, s.steady_heap
 
 
-_heap = "default"  # how this process's heap allocates: "steady" once _start_child fixed it
-
-
 def _start_child(threads: int, log_level: int | None, steady: bool) -> None:
-    global _heap
     torch.set_num_threads(threads)
-    if steady and steady_heap():
-        _heap = "steady"
+    if steady:
+        steady_heap()
     if log_level is not None:
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
 
@@ -307,7 +303,7 @@ def _train(
     losses = [r.loss for r in steps]
     step_times = [r.time_s for r in steps]
     record = {
-        "heap": _heap,
+        "heap": heap_state(),
         "epochs": epochs,
         "train_time_s": train_time,
         "final_accuracy": epochs[-1]["test_accuracy"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .run import POLICY_NAMES, run_bench
+from .run import HEAPS, POLICY_NAMES, run_bench
 from .tasks import TASKS, build_task
 
-__all__ = ["run_bench", "POLICY_NAMES", "TASKS", "build_task"]
+__all__ = ["run_bench", "POLICY_NAMES", "HEAPS", "TASKS", "build_task"]

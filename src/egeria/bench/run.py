@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..allocator import steady_heap
+from ..allocator import heap_state, steady_heap
 from ..checks import check_int
 from ..config import EgeriaConfig
 from ..engine import Egeria
@@ -99,8 +99,9 @@ def run_bench(
         heap: ``"steady"`` fixes this process's glibc heap thresholds before training
             (:func:`egeria.allocator.steady_heap`: no page faults per step by the chance of
             the first allocations, for every policy alike); ``"default"`` leaves the heap as
-            the process started. The run records the heap it trained with (``"default"``
-            where the C library is not glibc).
+            the process started. The run records the heap it trained with
+            (:func:`egeria.allocator.heap_state`: ``"default"`` where the C library is not
+            glibc, ``"steady"`` where the process fixed it before, whatever ``heap`` says).
 
     Returns:
         The recorded run (also written as JSON).
@@ -118,12 +119,14 @@ def run_bench(
     out = Path(out_dir) / layout
     if task_name == "finetune-mnist" and init is None:
         init = out / "resnet-fmnist" / "none-seed0.pt"
+    if heap == "steady":
+        steady_heap()
     with pinned(place):
         return _run(
             task_name, policy, seed=seed, epochs=epochs, out=out, layout=place.to_dict(), limit=limit,
             eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, config=config,
             overrides={**place.config_overrides(policy), **(overrides or {})}, command=command, progress=progress,
-            cache=cache, snapshots=snapshots, heap="steady" if heap == "steady" and steady_heap() else "default",
+            cache=cache, snapshots=snapshots,
         )
 
 
@@ -145,7 +148,6 @@ def _run(
     progress: bool,
     cache: bool,
     snapshots: bool = False,
-    heap: str = "default",
 ) -> dict:
     """:func:`run_bench` inside its layout: trains and writes ``out/<task>/<stem>.json``."""
     task, epochs = build_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
@@ -182,7 +184,7 @@ def _run(
         "limit": limit,
         "eval_limit": eval_limit,
         "cache": cache,
-        "heap": heap,
+        "heap": heap_state(),  # this process's, whatever asked for it
     }
     target = out / task_name / f"{policy}{'-cache' if cache else ''}-seed{seed}.json"
     snapshot_dir = target.with_name(target.stem + "-snapshots") if snapshots else None
