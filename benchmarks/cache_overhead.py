@@ -127,7 +127,7 @@ def _round(
 def main() -> None:
     import torch
 
-    import egeria.allocator as allocator
+    from egeria.allocator import can_fix_heap
     from egeria.machine import describe_machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -145,7 +145,7 @@ def main() -> None:
         help="steady: every arm fixes glibc's heap thresholds first (egeria.allocator); default: as the process starts",
     )
     args = parser.parse_args()
-    if args.heap == "steady" and allocator._mallopt() is None:
+    if args.heap == "steady" and not can_fix_heap():
         parser.error("--heap steady needs glibc's mallopt (this C library has none); use --heap default")
     command = " ".join([".venv/bin/python", "benchmarks/cache_overhead.py", *sys.argv[1:]])
     machine = describe_machine()

@@ -10,7 +10,7 @@ import pytest
 import egeria.allocator as allocator
 from egeria.allocator import MMAP_THRESHOLD_MAX, steady_heap
 
-glibc = pytest.mark.skipif(allocator._mallopt() is None, reason="the C library is not glibc")
+glibc = pytest.mark.skipif(not allocator.can_fix_heap(), reason="the C library is not glibc")
 
 # Allocates and frees six 4 MB activations (the sizes of a ResNet's at batch 128) ten times,
 # touching every page, and prints the minor page faults of each round after the first two

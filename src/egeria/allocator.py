@@ -29,7 +29,9 @@ import logging
 import sys
 from typing import Callable
 
-__all__ = ["steady_heap", "heap_state", "MMAP_THRESHOLD_MAX"]
+from .checks import check_int
+
+__all__ = ["steady_heap", "heap_state", "can_fix_heap", "HEAPS", "MMAP_THRESHOLD_MAX"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ _M_TRIM_THRESHOLD = -1  # glibc malloc.h
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * ctypes.sizeof(ctypes.c_long)  # glibc's largest: 32 MiB on 64-bit
 _INT_MAX = 2**31 - 1  # mallopt takes a C int
+HEAPS = ("steady", "default")  # what heap_state() says, and what a benchmark run records
 
 _state = "default"  # "steady" once steady_heap() has fixed this process's thresholds
 
@@ -45,6 +48,11 @@ def heap_state() -> str:
     """How this process's heap allocates: ``"steady"`` once :func:`steady_heap` fixed its
     thresholds, else ``"default"``."""
     return _state
+
+
+def can_fix_heap() -> bool:
+    """Whether :func:`steady_heap` can act here (the C library is glibc)."""
+    return _mallopt() is not None
 
 
 def steady_heap(mmap_threshold: int = MMAP_THRESHOLD_MAX, trim_threshold: int = 1 << 30) -> bool:
@@ -59,18 +67,20 @@ def steady_heap(mmap_threshold: int = MMAP_THRESHOLD_MAX, trim_threshold: int = 
             threshold above :data:`MMAP_THRESHOLD_MAX`.
     """
     global _state
-    for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT_MAX:
-            raise ValueError(f"{name} must be a positive int (bytes) of at most {_INT_MAX}, got {value!r}")
-    if mmap_threshold > MMAP_THRESHOLD_MAX:
-        raise ValueError(f"mmap_threshold must be at most {MMAP_THRESHOLD_MAX} (glibc's limit), got {mmap_threshold}")
+    for name, value, most in (
+        ("mmap_threshold", mmap_threshold, MMAP_THRESHOLD_MAX),  # glibc's limit
+        ("trim_threshold", trim_threshold, _INT_MAX),  # a C int
+    ):
+        check_int(value, name)
+        if value > most:
+            raise ValueError(f"{name}={value!r} must be at most {most} bytes")
     mallopt = _mallopt()
     if mallopt is None:
         return False
     done = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     if not done:
         logger.warning(
-            "glibc refused the heap thresholds (mmap %d, trim %d); the heap is left as it was",
+            "glibc refused a heap threshold (mmap %d, trim %d); the heap is not fixed",
             mmap_threshold, trim_threshold,
         )
         return False

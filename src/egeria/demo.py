@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, TextIO
 import torch
 from torch import nn
 
-from .allocator import heap_state, steady_heap
+from .allocator import can_fix_heap, heap_state, steady_heap
 from .checks import check_int
 from .config import EgeriaConfig
 from .engine import Egeria
@@ -138,7 +138,7 @@ def run_demo(
         (name, initial, train_data, test, s, seed, milestones, config if name == "egeria" else None, total_steps, progress)
         for name in names
     ]
-    heap = ", glibc's heap thresholds fixed in both (egeria.allocator)" if s.steady_heap else ""
+    heap = ", glibc's heap thresholds fixed in both (egeria.allocator)" if s.steady_heap and can_fix_heap() else ""
     _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process{heap}")
     answers = run_in_turns(_train, calls, s.turn_steps, initializer=_start_child, initargs=_child_settings(s))
     runs: dict[str, dict] = {name: record for name, (record, _) in zip(names, answers)}

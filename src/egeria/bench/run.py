@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..allocator import heap_state, steady_heap
+from ..allocator import HEAPS, heap_state, steady_heap
 from ..checks import check_int
 from ..config import EgeriaConfig
 from ..engine import Egeria
@@ -42,7 +42,6 @@ FORMAT = 2
 """The run-file format written: 2 added ``layout`` and the backward FLOPs (format 1 had
 neither; :mod:`egeria.bench.report` reads both)."""
 POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "none")
-HEAPS = ("steady", "default")
 
 
 def run_bench(

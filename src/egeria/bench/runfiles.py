@@ -31,6 +31,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from ..allocator import HEAPS
 from ..config import RULES, EgeriaConfig
 from .layouts import LAYOUTS, LEGACY_LAYOUT, layout_of_path, split_layout_prefix
 
@@ -206,8 +207,8 @@ def check_run(run: Any, where: str) -> None:
         raise ValueError(f"{where}: 'metric' must hold name and higher_is_better, got {metric!r}")
     if not isinstance(run["records"], list):
         raise ValueError(f"{where}: 'records' must be a list")
-    if run.get("heap", "default") not in ("steady", "default"):
-        raise ValueError(f"{where}: 'heap' must be 'steady' or 'default', got {run['heap']!r}")
+    if run.get("heap", "default") not in HEAPS:
+        raise ValueError(f"{where}: 'heap' must be {' or '.join(map(repr, HEAPS))}, got {run['heap']!r}")
     layout = run.get("layout")
     if run["format"] >= 2 and "layout" not in run:
         raise ValueError(f"{where}: a format-{run['format']} run must record its layout")
