@@ -410,12 +410,13 @@ def test_a_module_settled_when_the_rate_fell_settles_again_at_its_first_reading_
     assert not high.settled(0)
 
 
-def test_one_noisy_reading_late_in_a_phase_does_not_undo_a_carry_across_the_fall():
+def test_noisy_readings_late_in_a_phase_do_not_undo_a_carry_across_the_fall():
     rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
     for value in (4.0, 3.0) + (0.2,) * 7:  # settled at the first rate: flat at 5% of the peak
         rule.read(0, value, 0.1)
     assert rule.settled(0)
-    rule.read(0, 1.0, 0.1)  # the last reading before the fall spikes: the average is 0.47
+    for _ in range(2):  # the last two readings before the fall spike: the level is 1.0
+        rule.read(0, 1.0, 0.1)
     assert not rule.settled(0)
     copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
     copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
@@ -521,3 +522,26 @@ def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_sche
     else:  # a schedule Egeria was not given, or no hold: the rule's own timing
         assert min(freezes) < 30
         assert not any("held" in r.getMessage() for r in caplog.records)
+
+
+def test_one_reading_far_above_its_neighbours_does_not_hold_a_settled_level():
+    """The settle test reads the median of the last W readings: one spike among low readings
+    (common at a low learning rate) lifts a mean of three over settle_ratio x the peak for W
+    readings, not the median; readings that stay high still hold the module."""
+    def phase(values) -> FrontRule:
+        rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.03, regimes=True)
+        for value in (8.0, 4.0, 2.0, 1.0, 1.0, 1.0):  # the first rate: the peak level is 8.0
+            rule.read(0, value, 0.1)
+        rule.read(0, 0.1, 0.01)  # spans the fall: joins nothing
+        for value in values:
+            rule.read(0, value, 0.01)
+        return rule
+
+    spiked = phase((0.1, 0.1, 0.6, 0.1, 0.1))
+    watch = spiked.watches[0]
+    assert spiked.peak(0) == 8.0 and spiked.level(0) == 0.1
+    assert watch.stale >= 3 and watch.smoothed[-1] > 0.03 * 8.0  # the mean would have held it
+    assert spiked.settled(0)
+    held = phase((0.1, 0.6, 0.6, 0.6, 0.6))
+    assert held.watches[0].stale >= 3 and held.level(0) == 0.6 and not held.settled(0)
+    assert FrontRule(window=3, tolerance_ratio=0.2).level(5) == 0.0  # never read

@@ -138,8 +138,8 @@ class EgeriaConfig:
     # Every reading runs on the same probe (the first evaluation's batch) instead of its
     # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
     fixed_probe: bool = False
-    # A module freezes only once its smoothed plasticity has also fallen to this share of
-    # the highest it had in the run. At a high learning rate the drift between readings is
+    # A module freezes only once its plasticity level (the median of its last W readings)
+    # has also fallen to this share of the highest level it had in the run. At a high learning rate the drift between readings is
     # stationary SGD noise, flat but high; after a 10x rate drop it falls 10-100x
     # (benchmarks/README.md, rule study). None: the rule's own, none (paper: the slope
     # alone decides) or 0.03 (egeria: in a demo run at LR 0.1 the stem's drift fell to

@@ -222,6 +222,7 @@ class Controller:
             "slope": reading.slope,
             "tolerance": reading.tolerance,
             "stale": reading.stale,
+            "level": self.rule.level(index),  # the settle test's: median of the last W readings
             "peak": self.rule.peak(index),
             "counted": reading.counted,  # False: it straddled a learning-rate change
             "lr": lr,  # the learning rate the evaluated step trained at (None: not known)

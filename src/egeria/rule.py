@@ -9,6 +9,7 @@ readings a run recorded (``benchmarks/rule_replay.py``).
 
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from .plasticity import ModuleWatch, Reading
@@ -22,8 +23,13 @@ class FrontRule:
     Args:
         window: W, as in :class:`ModuleWatch`.
         tolerance_ratio: as in :class:`ModuleWatch`.
-        settle_ratio: a module settles only once its smoothed plasticity is at most this
-            share of the highest it has had in the run (None: no such condition).
+        settle_ratio: a module settles only once its plasticity *level* (the median of
+            its last W counted readings) is at most this share of the highest level it has
+            had in the run (None: no such condition). The median, not the moving average
+            the slope is fitted to: readings are heavy-tailed (one reading 10-30x its
+            neighbours at a low learning rate is common), and one such reading lifts a mean
+            of three for W readings, moving the test by more than the settle ratio's
+            margin (benchmarks/README.md, "The settle test's level").
         regimes: a reading whose learning rate differs 2x or more from the module's
             previous one restarts that module's moving average and stale count, and is
             itself left out (:meth:`ModuleWatch.new_regime`; ``rule="egeria"``). A module
@@ -32,8 +38,8 @@ class FrontRule:
             quiet ones) is *carried* across the fall: it settles again at the first
             reading after the one spanning the change whose level is within
             ``settle_ratio`` of its peak (and, with ``ceiling_ratio``, under the ceiling).
-            Its drift was flat at the higher rate and a lower rate only lowers it; one
-            noisy reading late in the phase does not undo W readings of evidence. The
+            Its drift was flat at the higher rate and a lower rate only lowers it; noisy
+            readings late in the phase do not undo W readings of evidence. The
             rule holds freezes until a schedule's last decay, and this lets the modules it
             held freeze one interval after it (the policy reads at the first step after
             that decay, so the next reading spans n steps at the last rate). Freezing at
@@ -62,7 +68,7 @@ class FrontRule:
         self.floor_ratio = floor_ratio
         self.ceiling_ratio = ceiling_ratio
         self.watches: dict[int, ModuleWatch] = {}
-        self.peaks: dict[int, float] = {}  # each module's highest smoothed plasticity, kept across restarts
+        self.peaks: dict[int, float] = {}  # each module's highest level, kept across restarts
         self.carried: set[int] = set()  # modules that settled in the phase the last fall of the rate ended
         self.settled_in_phase: set[int] = set()  # settled by their own readings at the current rate
 
@@ -87,7 +93,7 @@ class FrontRule:
         reading = watch.update(plasticity, floor)
         if not reading.counted:
             return reading
-        self.peaks[index] = max(self.peaks.get(index, 0.0), reading.smoothed)
+        self.peaks[index] = max(self.peaks.get(index, 0.0), self.level(index))
         if self._settled_by_own_readings(index):
             self.settled_in_phase.add(index)
         return reading
@@ -95,6 +101,12 @@ class FrontRule:
     def _settled_by_own_readings(self, index: int) -> bool:
         """Settled at this rate by W stale or quiet readings, not by a carry alone."""
         return self.settled(index) and (self.quiet(index) or not self.carried_over(index))
+
+    def level(self, index: int) -> float:
+        """Module ``index``'s plasticity level: the median of its last W counted readings
+        (0.0 before its first)."""
+        watch = self.watches.get(index)
+        return statistics.median(watch.raw) if watch is not None and watch.raw else 0.0
 
     def peak(self, index: int) -> float:
         return self.peaks.get(index, 0.0)
@@ -111,7 +123,7 @@ class FrontRule:
             return True
         if watch.stale < self.window and index not in self.carried:
             return False
-        return self.settle_ratio is None or watch.smoothed[-1] <= self.settle_ratio * self.peak(index)
+        return self.settle_ratio is None or self.level(index) <= self.settle_ratio * self.peak(index)
 
     def above_ceiling(self, index: int) -> bool:
         """Whether module ``index``'s smoothed plasticity is above ``ceiling_ratio`` x its
