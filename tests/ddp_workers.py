@@ -1,8 +1,16 @@
 """Worker processes of the torchrun-style tests: 2 ranks over gloo on CPU (not a test file).
 
-Each worker writes what it saw to ``<out>/rank<R>.pt``; the test compares the ranks."""
+Each worker writes what it saw to ``<out>/rank<R>.pt``; the test compares the ranks.
+:func:`run` starts one: its standard error goes to ``<out>/rank<R>.err`` (with Python's
+fault handler on), so a rank that dies shows why, and it ends every run the same way: a
+barrier, then the process group destroyed while every rank is still there."""
 
 from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -11,6 +19,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 import egeria
 from tiny import Chain, batches, quick_config
+
+
+def run(rank: int, world: int, init_file: str, out: str, worker_name: str) -> None:
+    """Runs ``worker_name`` as rank ``rank``, then tears the process group down in step."""
+    err = open(os.path.join(out, f"rank{rank}.err"), "w")
+    os.dup2(err.fileno(), 2)
+    sys.stderr = err
+    faulthandler.enable(err)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    globals()[worker_name](rank, world, out)
+    gc.collect()  # nothing of the run may keep the group alive into the interpreter's exit
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _counting_hook(sent: list[int], world: int):
@@ -50,10 +71,9 @@ def _trainable_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def freeze_resume_unfreeze(rank: int, world: int, init_file: str, out: str) -> None:
+def freeze_resume_unfreeze(rank: int, world: int, out: str) -> None:
     """Train until rank 0's controller freezes, keep training, checkpoint, resume into a
     fresh DDP model, then a 10x LR drop unfreezes; record events, bytes and weights."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = Chain()
     sent: list[int] = []
@@ -106,14 +126,12 @@ def freeze_resume_unfreeze(rank: int, world: int, init_file: str, out: str) -> N
     record["weights"] = torch.cat([p.detach().flatten() for p in model2.parameters()])
     eg2.close()
     torch.save(record, f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
 
 
-def builtin_hook_survives_a_rebuild(rank: int, world: int, init_file: str, out: str) -> None:
+def builtin_hook_survives_a_rebuild(rank: int, world: int, out: str) -> None:
     """A DDP with the built-in fp16-compression hook, trained through a static freeze: after
     the rebuild the all-reduced gradients still crossed in fp16 (each value is an fp16
     number), and the replicas agree."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = Chain()
     ddp = DistributedDataParallel(model)
@@ -133,4 +151,73 @@ def builtin_hook_survives_a_rebuild(rank: int, world: int, init_file: str, out: 
     torch.save({"fp16_grads": fp16_grads, "frozen": list(eg.frozen),
                 "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}, f"{out}/rank{rank}.pt")
     eg.close()
-    dist.destroy_process_group()
+
+
+def _plain_steps(model, opt, eg, data) -> None:
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        eg.step(loss)
+
+
+def _outcome(call) -> dict:
+    try:
+        call()
+    except Exception as err:  # what the rank saw, for the test to read
+        return {"error": type(err).__name__, "message": str(err)}
+    return {"error": None, "message": ""}
+
+
+def a_load_on_one_rank_only(rank: int, world: int, out: str) -> None:
+    """Both ranks train a few steps under a static freeze, rank 0 saves; then rank 0 alone
+    loads an earlier checkpoint (as a resume whose folder one rank lacks would): the next
+    step boundary must stop both ranks with an error naming what differs."""
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    config = egeria.EgeriaConfig(policy="static", policy_options={"count": 2, "at_step": 4})
+    eg = egeria.Egeria(model, opt, config=config)
+    data = batches(1, seed=rank + 1) * 8
+    _plain_steps(model, opt, eg, data[:2])
+    early = eg.state_dict() if rank == 0 else None
+    _plain_steps(model, opt, eg, data[2:6])
+    frozen_before = list(eg.frozen)
+    if rank == 0:
+        eg.load_state_dict(early)
+    record = _outcome(lambda: _plain_steps(model, opt, eg, data[6:7]))
+    record["frozen_before"] = frozen_before
+    eg.close()
+    torch.save(record, f"{out}/rank{rank}.pt")
+
+
+def a_rank_with_another_model(rank: int, world: int, out: str) -> None:
+    """Rank 1 builds a wider model than rank 0: the first step boundary stops both."""
+    torch.manual_seed(0)
+    model = Chain(width=16 if rank == 0 else 12)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 50}))
+    record = _outcome(lambda: _plain_steps(model, opt, eg, batches(1, seed=rank + 1)))
+    eg.close()
+    torch.save(record, f"{out}/rank{rank}.pt")
+
+
+def a_rank_that_stops_stepping(rank: int, world: int, out: str) -> None:
+    """Rank 1 stops calling eg.step() after two steps (as `if rank == 0: eg.step()` would):
+    rank 0 must give up at its next boundary with an error naming the call, not hang."""
+    import egeria.distributed
+
+    egeria.distributed.BOUNDARY_TIMEOUT_S = 3.0
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 50}))
+    data = batches(1, seed=rank + 1) * 4
+    _plain_steps(model, opt, eg, data[:2])
+    if rank == 0:
+        record = _outcome(lambda: _plain_steps(model, opt, eg, data[2:4]))
+    else:
+        record = {"error": None, "message": ""}
+    eg.close()
+    torch.save(record, f"{out}/rank{rank}.pt")

@@ -14,8 +14,15 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 
 def _spawn(worker, tmp_path, world: int = 2) -> list[dict]:
-    mp.spawn(worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    """Runs ``worker`` (a function of ddp_workers) on ``world`` ranks; a rank that fails
+    shows its standard error in the test's failure."""
+    try:
+        mp.spawn(ddp_workers.run, args=(world, str(tmp_path / "init"), str(tmp_path), worker.__name__),
+                 nprocs=world, join=True)
+    except mp.ProcessExitedException.__mro__[1] as err:  # ProcessException: exited or raised
+        logs = {r: (tmp_path / f"rank{r}.err").read_text()[-4000:] for r in range(world) if (tmp_path / f"rank{r}.err").exists()}
+        raise AssertionError(f"{err}\n" + "\n".join(f"--- rank {r} stderr:\n{text}" for r, text in logs.items())) from err
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
 def test_ddp_freeze_resume_unfreeze_keeps_replicas_identical_and_skips_frozen_all_reduce(tmp_path):
@@ -51,3 +58,26 @@ def test_a_builtin_communication_hook_is_registered_again_after_a_rebuild(tmp_pa
         assert rank["frozen"]  # the static policy froze at step 2: DDP was rebuilt
         assert rank["fp16_grads"] == [True] * 5  # every step's gradients crossed in fp16
     assert torch.equal(zero["weights"], one["weights"])
+
+
+def test_a_load_on_one_rank_only_stops_every_rank_with_what_differs(tmp_path):
+    zero, one = _spawn(ddp_workers.a_load_on_one_rank_only, tmp_path)
+    assert zero["frozen_before"] == one["frozen_before"] != []  # the static freeze applied on both
+    for rank in (zero, one):
+        assert rank["error"] == "RanksDisagree", rank
+        assert "rank 1's step count is 7, rank 0's is 3" in rank["message"]
+        assert "load the same Egeria checkpoint on every rank" in rank["message"]
+
+
+def test_ranks_with_different_models_stop_at_the_first_step_with_what_differs(tmp_path):
+    for rank in _spawn(ddp_workers.a_rank_with_another_model, tmp_path):
+        assert rank["error"] == "RanksDisagree", rank
+        assert "rank 1's layer modules is" in rank["message"] and "(12, 8)" in rank["message"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_calling_step_is_named_instead_of_hanging(tmp_path):
+    zero, one = _spawn(ddp_workers.a_rank_that_stops_stepping, tmp_path)
+    assert zero["error"] == "RuntimeError", zero
+    assert "eg.step()" in zero["message"] and "every rank" in zero["message"]
+    assert one["error"] is None

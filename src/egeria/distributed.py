@@ -2,9 +2,13 @@
 same step, and frozen parameters out of DDP's all-reduce.
 
 - :class:`Ranks`: rank 0 runs the freezing policy (and Egeria's controller); at every step
-  boundary it broadcasts the frozen count it wants (one int64 over a CPU ``gloo`` group,
-  so a GPU job does not synchronise its stream for it), and the move's reason when there
-  is one. Every rank applies the same move at the same step.
+  boundary it broadcasts the frozen count it wants (one int64 over a CPU ``gloo`` group of
+  Egeria's own, so a GPU job does not synchronise its stream for it and Egeria's
+  collectives never interleave with DDP's), and the move's reason when there is one.
+  Every rank applies the same move at the same step. With it every rank sends its step
+  count and a digest of its state (partition, frozen set, policy): a rank that differs
+  makes every rank raise :class:`RanksDisagree` naming it and what differs; a boundary
+  that a rank skips is reported after :data:`BOUNDARY_TIMEOUT_S` instead of hanging.
 - :func:`rebuild_ddp`: ``DistributedDataParallel`` registers the parameters that need
   gradients when it is built, and expects each of them to get one every step. After a
   freeze or an unfreeze Egeria builds it again, in place (the object the loop calls stays
@@ -15,8 +19,10 @@ same step, and frozen parameters out of DDP's all-reduce.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any
+from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -24,7 +30,7 @@ from torch import nn
 
 from .policies import Move
 
-__all__ = ["Ranks", "distributed_run", "rebuild_ddp", "check_ddp"]
+__all__ = ["Ranks", "RanksDisagree", "BOUNDARY_TIMEOUT_S", "distributed_run", "rebuild_ddp", "check_ddp"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,34 +56,115 @@ def distributed_run() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+#: How long a rank waits at a step boundary for the others (seconds): Egeria's own limit on
+#: its collectives, far below the process group's (30 minutes by default), so a boundary
+#: that one rank skipped is reported by name instead of hanging. Legitimate waits here are
+#: short: DDP's all-reduce in every backward keeps the ranks within a step of each other.
+BOUNDARY_TIMEOUT_S = 300.0
+
+
+class RanksDisagree(RuntimeError):
+    """The ranks of a distributed run hold different Egeria states (partition, step, frozen
+    set, policy): continuing would train different models or hang."""
+
+
 class Ranks:
     """The ranks of a distributed run agreeing on Egeria's moves; rank 0 decides.
 
-    Build it on every rank at the same point (it may create a process group).
+    Build it on every rank at the same point: it creates a process group of its own (CPU,
+    gloo), so Egeria's collectives never interleave with DDP's and time out on their own
+    limit (:data:`BOUNDARY_TIMEOUT_S`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float | None = None) -> None:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        self.timeout_s = BOUNDARY_TIMEOUT_S if timeout_s is None else float(timeout_s)
         # A CPU group for the decisions: a broadcast over NCCL would need a device tensor
         # and a synchronising read of it at every step.
-        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
 
-    def agree(self, move: Move | None) -> Move | None:
-        """Rank 0's ``move`` (None: keep the frozen set), on every rank."""
-        head = torch.tensor([-1 if move is None else move.frozen], dtype=torch.int64)
-        dist.broadcast(head, src=0, group=self.group)
-        target = int(head.item())
+    def agree(self, move: Move | None, step: int, summary: Callable[[], dict[str, Any]]) -> Move | None:
+        """Rank 0's ``move`` (None: keep the frozen set), on every rank, at boundary ``step``.
+
+        Every rank sends its step count and a digest of its ``summary()`` (what must be
+        equal everywhere: partition, frozen set, policy) with it, in one all-gather, which
+        no rank can pass alone (unlike a broadcast, whose sender may run ahead): a rank
+        that skipped a boundary or holds another state is named on every rank, and a rank
+        that stopped calling makes the others give up after :attr:`timeout_s`. Every rank
+        runs the same collectives in the same order whatever it finds, so a disagreement is
+        an error, never a mismatched collective (which gloo answers by aborting).
+
+        Raises:
+            RanksDisagree: the ranks are at different step counts or hold different states.
+            RuntimeError: a rank did not reach this boundary in time.
+        """
+        mine = torch.tensor(
+            [step, _digest(summary()), -1 if move is None or not self.leader else move.frozen], dtype=torch.int64
+        )
+        heads = [torch.empty_like(mine) for _ in range(self.world)]
+        self._collective(lambda: dist.all_gather(heads, mine, group=self.group), "eg.step()", step)
+        steps = [int(h[0]) for h in heads]
+        if len(set(steps)) > 1:
+            other = next(r for r, s in enumerate(steps) if s != steps[0])
+            raise RanksDisagree(
+                f"Egeria's ranks disagree at a step boundary: rank {other}'s step count is {steps[other]}, rank 0's "
+                f"is {steps[0]} (this is rank {self.rank}); call eg.step() on every rank after every optimizer step, "
+                "and load the same Egeria checkpoint on every rank"
+            )
+        if len({int(h[1]) for h in heads}) > 1:
+            self._name_difference(summary(), step)
+        target = int(heads[0][2])
         if target < 0:
             return None
         detail: list[Any] = [None if move is None else (move.reason, move.evaluated_at)]
-        dist.broadcast_object_list(detail, src=0, group=self.group)
+        self._collective(lambda: dist.broadcast_object_list(detail, src=0, group=self.group), "eg.step()", step)
         reason, evaluated_at = detail[0]
         return Move(target, reason if self.leader else f"rank 0: {reason}", evaluated_at)
+
+    def from_leader(self, value: Any, what: str) -> Any:
+        """Rank 0's ``value`` (any picklable object) on every rank; ``what`` names the call
+        for the error if a rank never makes it."""
+        box = [value if self.leader else None]
+        self._collective(lambda: dist.broadcast_object_list(box, src=0, group=self.group), what, None)
+        return box[0]
+
+    def _name_difference(self, summary: dict[str, Any], step: int) -> None:
+        """Raises :class:`RanksDisagree` naming the first rank and field that differ from
+        rank 0's (every rank calls it: the digests told them all)."""
+        gathered: list[Any] = [None] * self.world
+        self._collective(lambda: dist.all_gather_object(gathered, summary, group=self.group), "eg.step()", step)
+        leader = gathered[0]
+        for rank, other in enumerate(gathered[1:], start=1):
+            for field in sorted(set(leader) | set(other)):
+                if leader.get(field) != other.get(field):
+                    raise RanksDisagree(
+                        f"Egeria's ranks disagree at step {step}: rank {rank}'s {field} is {other.get(field)!r}, "
+                        f"rank 0's is {leader.get(field)!r} (this is rank {self.rank}). Every rank must build the same "
+                        "model, call eg.step() after every optimizer step, and load the same Egeria checkpoint"
+                    )
+        raise RanksDisagree(f"Egeria's ranks hold different states at step {step} (digests differ)")
+
+    def _collective(self, call: Callable[[], Any], what: str, step: int | None) -> None:
+        try:
+            call()
+        except RuntimeError as err:  # gloo's timeout or a peer that left
+            at = "" if step is None else f" at step {step}"
+            raise RuntimeError(
+                f"Egeria: rank {self.rank} waited{at} for {what} on the other ranks and gave up after "
+                f"{self.timeout_s:g} s or on a lost peer ({err}); call {what} on every rank at the same point "
+                "(after every optimizer step, never on rank 0 alone)"
+            ) from err
+
+
+def _digest(summary: dict[str, Any]) -> int:
+    """A 63-bit digest of ``summary`` (its repr: names, shapes and counts), the same on
+    every rank for equal summaries."""
+    return int.from_bytes(hashlib.sha256(repr(sorted(summary.items())).encode()).digest()[:8], "big") >> 1
 
 
 def check_ddp(ddp: nn.Module) -> None:

@@ -144,6 +144,7 @@ class Egeria:
         self._ranks = Ranks() if distributed_run() else None
         self._counter = OptimizerSteps(optimizer)
         self._partition: Partition | None = None
+        self._layout: tuple[Partition, list] | None = None  # the partition's names and shapes, for the ranks' digest
         self._partition_error: ValueError | None = None
         self._prefix: FrozenPrefix | None = None
         self._bound = False
@@ -345,10 +346,25 @@ class Egeria:
         )
         move = self._decide(info)
         if self._ranks is not None:
-            move = self._ranks.agree(move)
+            move = self._ranks.agree(move, self.steps, lambda: self._summary(prefix))
         if move is not None:
             self._apply(move)
         return self.events[before:]
+
+    def _summary(self, prefix: FrozenPrefix) -> dict[str, Any]:
+        """What every rank of a distributed run must hold alike (its digest travels with
+        every step boundary's agreement)."""
+        if self._layout is None or self._layout[0] is not prefix.partition:
+            named = dict(self.model.named_parameters())
+            self._layout = (prefix.partition, [
+                (m.name, [(p, tuple(named[p].shape)) for p in m.params if p in named]) for m in prefix.partition.modules
+            ])
+        return {"layer modules": self._layout[1], "frozen set": prefix.names, "policy": self.policy.name}
+
+    def _from_rank0(self, value: Any, what: str) -> Any:
+        """``value`` as rank 0 holds it, on every rank (``value`` itself outside torchrun):
+        the integrations decide there whether and what to resume. Every rank must call it."""
+        return value if self._ranks is None else self._ranks.from_leader(value, what)
 
     def _decide(self, info: StepInfo) -> Move | None:
         """The policy's move at this boundary (on rank 0 only in a distributed run)."""
@@ -574,6 +590,13 @@ class Egeria:
         self._counter.remove()
         if self._cache is not None:
             self._cache.close()
+        # Let go of the user's DDP (and with it the process group) now, not whenever the
+        # garbage collector breaks the cycle through the frozen prefix: a process group
+        # torn down during the interpreter's exit, in an order the collector sets, can abort
+        # the process. Egeria's own group stays registered until destroy_process_group().
+        if self._prefix is not None:
+            self._prefix.on_change = None
+        self._ddp = None
         self._closed = True
 
     def _release(self, unfreeze: bool = True) -> None:

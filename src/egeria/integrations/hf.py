@@ -38,8 +38,8 @@ up the Trainer's ``DistributedDataParallel`` around it (the one whose ``.module`
 model) and gives Egeria both: rank 0 decides, every rank applies its moves at the same step,
 and the wrapper is rebuilt in place at each freeze and unfreeze so frozen parameters leave
 the all-reduce (see :mod:`egeria.distributed`). Rank 0 writes Egeria's state into the
-checkpoint; every rank reads it on resume, so the checkpoint folder must be visible to all
-ranks. Not supported: FSDP and DeepSpeed (they shard or replace parameters) and
+checkpoint; on resume rank 0 alone finds and reads it and sends it to the other ranks, so
+every rank resumes the same frozen set even where only rank 0 sees the folder. Not supported: FSDP and DeepSpeed (they shard or replace parameters) and
 ``DataParallel`` (several GPUs in one process); use a single process or DDP.
 """
 
@@ -151,20 +151,37 @@ class EgeriaCallback(TrainerCallback):
             self.egeria.close()
 
     def _resume(self, args: Any, state: Any) -> None:
+        """Rank 0 finds Egeria's state of the resumed step and loads it; every other rank
+        loads what rank 0 loaded (so a folder one rank cannot see never splits the frozen
+        sets), or raises the error rank 0 met."""
+        eg = self.egeria
+        outcome = self._resume_on_rank0(args, state) if eg._decides else None
+        kind, detail = eg._from_rank0(outcome, "EgeriaCallback's resume (on_train_begin)")
+        if kind == "error":
+            raise ValueError(detail)
+        if kind == "loaded" and not eg._decides:
+            eg.load_state_dict(detail)
+
+    def _resume_on_rank0(self, args: Any, state: Any) -> tuple[str, Any]:
         candidates = [self.resume_from, getattr(args, "resume_from_checkpoint", None), _checkpoint_dir(args, state)]
         tried = []
         for folder in dict.fromkeys(os.fspath(c) for c in candidates if isinstance(c, (str, os.PathLike))):
             saved = saved_steps(folder)
             tried.append(f"{folder} ({'no ' + STATE_FILE if saved is None else f'step {saved}'})")
             if saved == state.global_step:
-                self.egeria.load(folder)
+                try:
+                    self.egeria.load(folder)
+                except (OSError, ValueError) as err:
+                    return "error", f"Egeria's state in {folder} cannot be resumed: {err}"
                 logger.info("Egeria resumed at step %d with %s frozen from %s", self.egeria.steps, self.egeria.frozen, folder)
-                return
+                # The other ranks do not run the policy: they need all but its state.
+                return "loaded", {**self.egeria.state_dict(), "policy_state": None}
         logger.warning(
             "resuming at step %d, but no Egeria state of that step in %s: Egeria starts afresh and counts steps "
             "from 0; pass EgeriaCallback(resume_from=<the checkpoint folder>)",
             state.global_step, "; ".join(tried),
         )
+        return "none", None
 
 
 def _check_parallelism(args: Any) -> None:

@@ -36,7 +36,8 @@ Egeria gets the object Lightning trains (under ``strategy="ddp"`` the
 and unfreeze: frozen parameters leave the all-reduce, and unfrozen ones rejoin it (the
 bug of Lightning's ``BackboneFinetuning`` under DDP, Lightning issue 20340, does not
 arise). Under DDP rank 0 decides and every rank applies its moves at the same step; the
-checkpoint holds rank 0's state, which every rank loads on resume.
+checkpoint holds rank 0's state; on resume rank 0 decides whether to load it and sends
+what it loaded to every rank, so the ranks never resume different frozen sets.
 
 ``module`` names the network inside the LightningModule (``get_submodule`` path): Lightning
 calls the LightningModule with ``(batch, batch_idx)``, while Egeria's controller must run
@@ -153,9 +154,14 @@ class EgeriaCallback(pl.Callback):
             **self._options,
         )
         self._live = True
-        if self._pending:
-            self.egeria.load_state_dict(self._pending)
-            logger.info("Egeria resumed at step %d with %s frozen", self.egeria.steps, self.egeria.frozen)
+        # Rank 0 decides whether and what to resume; the other ranks load what it loaded
+        # (all but the policy's state, which only rank 0 runs).
+        eg = self.egeria
+        pending = self._pending if eg._decides else None
+        shared = eg._from_rank0(None if not pending else {**pending, "policy_state": None}, "EgeriaCallback's resume")
+        if shared:
+            eg.load_state_dict(pending if eg._decides else shared)
+            logger.info("Egeria resumed at step %d with %s frozen", eg.steps, eg.frozen)
         self._pending = None
 
     def on_train_batch_end(
