@@ -45,6 +45,7 @@ def test_an_unmeasurable_load_does_not_wait():
     assert wait_for_quiet(load, 0.5, interrupt=lambda: False, slice_s=10.0) < 1.0
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_busy_process_counts_unless_excluded():
     busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])

@@ -101,6 +101,7 @@ def test_thread_and_process_controllers_answer_exactly_as_inline(kind):
     assert any(d is not None for *_, d, _ in expected)
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_process_controller_freezes_without_making_training_wait():
     torch.manual_seed(0)
@@ -212,6 +213,7 @@ def _warnings(caplog) -> list[str]:
     ]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "executor, trap", [("process", "raise"), ("thread", "raise"), ("inline", "raise"), ("process", "hang"), ("thread", "hang")]
 )
@@ -249,6 +251,7 @@ def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, execu
         assert not _alive(stats["pid"])
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_killed_controller_process_is_noticed_and_training_goes_on(caplog):
     torch.manual_seed(0)
@@ -273,6 +276,7 @@ def test_a_killed_controller_process_is_noticed_and_training_goes_on(caplog):
     assert not torch.equal(model.head.weight, head)  # training went on
 
 
+@pytest.mark.timing
 def test_an_unpicklable_batch_falls_back_to_a_thread(caplog):
     class Keyed(Chain):
         def forward(self, x, scale=None):
@@ -375,6 +379,7 @@ def test_checkpoint_in_process_mode_waits_for_the_controller_and_resumes():
     eg2.close()
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_checkpoint_does_not_wait_long_for_a_busy_controller_nor_stop_it(monkeypatch, caplog):
     monkeypatch.setattr(egeria.executors, "_STATE_REPLY_S", 0.05)
