@@ -253,9 +253,9 @@ class EgeriaConfig:
                 f"EgeriaConfig.max_modules={self.max_modules!r}: at least 2 modules are needed "
                 "(the last one, the head, is never frozen)"
             )
-        _check_fraction(self, "tolerance_ratio", allow_above_one=True)
+        _check_positive(self, "tolerance_ratio")
         if self.settle_ratio is not None:
-            _check_fraction(self, "settle_ratio", allow_above_one=False)
+            _check_positive(self, "settle_ratio", share="of a module's highest level; 1.0 turns the test off")
         _check_optional_ratio(self, "floor_ratio")
         _check_optional_ratio(self, "ceiling_ratio")
         if self.floor_ratio and self.ceiling_ratio and self.ceiling_ratio < self.floor_ratio:
@@ -264,9 +264,9 @@ class EgeriaConfig:
                 "(a quiet module would be held at its floor)"
             )
         if self.max_frozen_params is not None:
-            _check_fraction(self, "max_frozen_params", allow_above_one=False)
+            _check_positive(self, "max_frozen_params", share="of the model's parameters; None: no cap")
         if self.cost_budget is not None:
-            _check_fraction(self, "cost_budget", allow_above_one=False)
+            _check_positive(self, "cost_budget", share="of training time, 0.01 for 1%; None: no budget")
         _check_optional_positive_int(self, "watch_span")
         if self.watch_span is not None and self.rule == "paper":
             raise ValueError(
@@ -287,10 +287,15 @@ class EgeriaConfig:
             )
         if not isinstance(self.wait_for_last_decay, bool):
             raise ValueError(f"EgeriaConfig.wait_for_last_decay={self.wait_for_last_decay!r} must be True or False")
-        _check_fraction(self, "bootstrap_change_rate", allow_above_one=True)
-        if not (_finite_number(self.unfreeze_lr_drop) or self.unfreeze_lr_drop == math.inf) or self.unfreeze_lr_drop <= 1.0:
+        _check_positive(self, "bootstrap_change_rate")
+        drop = self.unfreeze_lr_drop
+        if not (_finite_number(drop) or drop == math.inf) or drop <= 1.0:
+            if isinstance(drop, bool) or not isinstance(drop, (int, float)):
+                problem = f"must be a number > 1, not {type(drop).__name__}"
+            else:  # nan reads as "must be > 1" too
+                problem = "must be > 1"
             raise ValueError(
-                f"EgeriaConfig.unfreeze_lr_drop={self.unfreeze_lr_drop!r} must be a number > 1 "
+                f"EgeriaConfig.unfreeze_lr_drop={drop!r} {problem} "
                 "(the factor by which the learning rate must fall; math.inf: never)"
             )
         if self.reference_precision not in PRECISIONS:
@@ -302,6 +307,10 @@ class EgeriaConfig:
             raise ValueError(
                 f"EgeriaConfig.reference_device={self.reference_device!r} is not one of "
                 f"{', '.join(map(repr, REFERENCE_DEVICES))}"
+            )
+        if self.executor not in EXECUTORS:
+            raise ValueError(
+                f"EgeriaConfig.executor={self.executor!r} is not one of {', '.join(map(repr, EXECUTORS))}"
             )
         if self.reference_device == "model" and self.executor not in ("auto", "inline"):
             raise ValueError(
@@ -319,22 +328,11 @@ class EgeriaConfig:
                 f"{', '.join(map(repr, ACTIVATION_MODES))}"
             )
         _check_modules(self.modules)
-        if self.executor not in EXECUTORS:
-            raise ValueError(
-                f"EgeriaConfig.executor={self.executor!r} is not one of {', '.join(map(repr, EXECUTORS))}"
-            )
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"EgeriaConfig.start_method={self.start_method!r} is not one of {START_METHODS!r}"
             )
-        if self.controller_cpus is not None and (
-            not isinstance(self.controller_cpus, (list, tuple))
-            or not self.controller_cpus
-            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in self.controller_cpus)
-        ):
-            raise ValueError(
-                f"EgeriaConfig.controller_cpus={self.controller_cpus!r} must be None or a non-empty list of core numbers"
-            )
+        _check_cpus(self.controller_cpus)
         if self.controller_cpus is not None and self.executor in ("inline", "thread"):
             raise ValueError(
                 f"EgeriaConfig.controller_cpus={list(self.controller_cpus)!r} pins a controller process; "
@@ -343,19 +341,23 @@ class EgeriaConfig:
         _check_positive_int(self, "max_in_flight")
         _check_positive_int(self, "max_lag_intervals")
         if self.cpu_threshold is not None:
-            _check_fraction(self, "cpu_threshold", allow_above_one=False)
-        if not _finite_number(self.controller_timeout) or self.controller_timeout <= 0:
-            raise ValueError(
-                f"EgeriaConfig.controller_timeout={self.controller_timeout!r} must be a number of seconds > 0"
-            )
+            _check_positive(self, "cpu_threshold", share="of the machine's CPU time, 0.5 for 50%; None: never wait")
+        _check_positive(self, "controller_timeout", unit=" seconds")
         from .policies import POLICIES
 
-        if self.policy != "egeria" and self.policy not in POLICIES:
+        names = ["egeria", *POLICIES]
+        if not isinstance(self.policy, str):
             raise ValueError(
-                f"EgeriaConfig.policy={self.policy!r} is not one of {['egeria', *POLICIES]!r}"
+                f"EgeriaConfig.policy={self.policy!r} must be a policy name, one of {names!r}; "
+                "a FreezePolicy object goes to Egeria(policy=...)"
             )
+        if self.policy not in names:
+            raise ValueError(f"EgeriaConfig.policy={self.policy!r} is not one of {names!r}")
         if not isinstance(self.policy_options, Mapping):
-            raise ValueError(f"EgeriaConfig.policy_options={self.policy_options!r} must be a mapping")
+            raise ValueError(
+                f"EgeriaConfig.policy_options={self.policy_options!r} must be a mapping of option names to values "
+                f"(a dict), not {type(self.policy_options).__name__}"
+            )
         if self.policy == "egeria" and self.policy_options:
             raise ValueError(
                 f"EgeriaConfig.policy_options={dict(self.policy_options)!r} apply to baseline policies; "
@@ -398,17 +400,53 @@ def _check_optional_positive_int(cfg: EgeriaConfig, name: str) -> None:
         _check_positive_int(cfg, name)
 
 
-def _check_fraction(cfg: EgeriaConfig, name: str, *, allow_above_one: bool) -> None:
+def _not_a_number(value: object, wanted: str) -> str:
+    """What is wrong with ``value``, which is not a finite number, when ``wanted`` was asked."""
+    if isinstance(value, float):
+        return f"must be finite ({wanted})"
+    return f"must be {wanted}, not {type(value).__name__}"
+
+
+def _check_positive(cfg: EgeriaConfig, name: str, *, share: str | None = None, unit: str = "") -> None:
+    """A finite number > 0 (of ``unit``); a ``share`` (described by the text) is at most 1 too."""
     value = getattr(cfg, name)
-    if not _finite_number(value) or value <= 0 or (not allow_above_one and value > 1):
-        raise ValueError(f"EgeriaConfig.{name}={value!r} must be a finite number > 0")
+    if not _finite_number(value):
+        problem = _not_a_number(value, f"a number{' of' + unit if unit else ''} > 0")
+    elif value <= 0:
+        problem = f"must be > 0{' (' + unit.strip() + ')' if unit else ''}"
+    elif share is not None and value > 1:
+        problem = f"must be at most 1 (a share {share})"
+    else:
+        return
+    raise ValueError(f"EgeriaConfig.{name}={value!r} {problem}")
 
 
 def _check_optional_ratio(cfg: EgeriaConfig, name: str) -> None:
     """None (the rule's own), 0 (off) or a finite positive ratio."""
     value = getattr(cfg, name)
-    if value is not None and not (_finite_number(value) and value >= 0):
-        raise ValueError(f"EgeriaConfig.{name}={value!r} must be a finite number >= 0 (0: off)")
+    if value is None:
+        return
+    if not _finite_number(value):
+        raise ValueError(f"EgeriaConfig.{name}={value!r} {_not_a_number(value, 'a number >= 0; 0: off')}")
+    if value < 0:
+        raise ValueError(f"EgeriaConfig.{name}={value!r} must be >= 0 (0: off; None: the rule's own)")
+
+
+def _check_cpus(cpus: object) -> None:
+    """None or a non-empty list of core numbers."""
+    if cpus is None:
+        return
+    if not isinstance(cpus, (list, tuple)):
+        raise ValueError(
+            f"EgeriaConfig.controller_cpus={cpus!r} must be None or a list of core numbers, not {type(cpus).__name__}"
+        )
+    if not cpus:
+        raise ValueError(
+            f"EgeriaConfig.controller_cpus={cpus!r} is empty; name at least one core, or None for wherever the trainer runs"
+        )
+    bad = [c for c in cpus if not isinstance(c, int) or isinstance(c, bool) or c < 0]
+    if bad:
+        raise ValueError(f"EgeriaConfig.controller_cpus={cpus!r} holds {bad[0]!r}, which is not a core number (an integer >= 0)")
 
 
 def _check_modules(modules: object) -> None:
@@ -429,6 +467,11 @@ def _check_modules(modules: object) -> None:
         if len(set(modules)) != len(modules):
             raise ValueError(f"EgeriaConfig.modules={list(modules)!r} names a module twice")
         return
+    if isinstance(modules, (list, tuple)):
+        bad = next(m for m in modules if not isinstance(m, str))
+        raise ValueError(
+            f"EgeriaConfig.modules={modules!r} holds {bad!r}, which is not a module name (a string such as 'layer1')"
+        )
     raise ValueError(
         f"EgeriaConfig.modules={modules!r} must be None, a regular expression string, or a list of module names"
     )
