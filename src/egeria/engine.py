@@ -475,7 +475,10 @@ class Egeria:
         if self.config.max_frozen is not None:
             partition.freezable = min(partition.freezable, self.config.max_frozen)
         if self.config.max_frozen_params is not None and isinstance(self.policy, KnowledgeGuided):
-            partition.freezable = min(partition.freezable, partition.leading_within(self.model, self.config.max_frozen_params))
+            allowed = partition.leading_within(self.model, self.config.max_frozen_params)
+            if allowed == 0 < partition.freezable:
+                _warn_nothing_can_freeze(self.model, partition, self.config.max_frozen_params)
+            partition.freezable = min(partition.freezable, allowed)
         return partition
 
     def _finished_order(self) -> list[str] | None:
@@ -648,6 +651,17 @@ def _submodule(model: nn.Module, module: Any) -> nn.Module:
     if ddp_of(wrappers) is not None:
         raise ValueError("module= must not be wrapped in DistributedDataParallel; wrap the whole model instead")
     return inner
+
+
+def _warn_nothing_can_freeze(model: nn.Module, partition: Partition, share: float) -> None:
+    """The one warning of a run whose cap leaves nothing to freeze: a first layer module
+    that alone holds more than ``share`` of the parameters."""
+    sizes = partition.parameter_sizes(model)
+    logger.warning(
+        "Egeria can freeze nothing in this model: its first layer module %r holds %.0f%% of the parameters, above "
+        "EgeriaConfig.max_frozen_params=%g; raise max_frozen_params, or pass modules= naming smaller layer modules",
+        partition.modules[0].name, 100 * sizes[0] / max(sum(sizes), 1), share,
+    )
 
 
 def _checked_loss(loss: Any) -> torch.Tensor | float | None:

@@ -123,11 +123,10 @@ class Partition:
         _check_coverage(model, partition)
         return partition
 
-    def leading_within(self, model: nn.Module, share: float) -> int:
-        """How many leading freezable modules together own at most ``share`` of the
-        model's parameters, embedding tables left out (a lookup table is large, computes
-        nothing and is updated sparsely; counted, an LM's token embedding would make its
-        first layer look like most of the model)."""
+    def parameter_sizes(self, model: nn.Module) -> list[int]:
+        """Each layer module's parameter count, embedding tables left out (a lookup table
+        is large, computes nothing and is updated sparsely; counted, an LM's token
+        embedding would make its first layer look like most of the model)."""
         tables = {
             f"{name}.{p}" if name else p
             for name, mod in model.named_modules()
@@ -135,7 +134,12 @@ class Partition:
             for p, _ in mod.named_parameters(recurse=False)
         }
         params = dict(model.named_parameters())
-        sizes = [sum(params[p].numel() for p in m.params if p not in tables) for m in self.modules]
+        return [sum(params[p].numel() for p in m.params if p not in tables) for m in self.modules]
+
+    def leading_within(self, model: nn.Module, share: float) -> int:
+        """How many leading freezable modules together own at most ``share`` of the
+        model's parameters (:meth:`parameter_sizes`)."""
+        sizes = self.parameter_sizes(model)
         total = sum(sizes)
         count = running = 0
         for size in sizes[: self.freezable]:

@@ -1,0 +1,53 @@
+"""A run in which nothing can ever freeze says so once, with what to change."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+import egeria
+from tiny import Chain, batches, quick_config, train
+
+
+class EqualLayers(nn.Module):
+    """An MLP of equal layers: its first layer module holds a third of the parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.second(torch.relu(self.first(x)))))
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "freeze nothing" in r.getMessage()]
+
+
+def test_a_first_module_over_the_cap_warns_once_naming_it_and_the_setting(caplog):
+    torch.manual_seed(0)
+    model = EqualLayers()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(max_frozen_params=0.25))
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * 6)
+        eg.state_dict()
+    eg.close()
+    found = _warnings(caplog)
+    assert len(found) == 1, found
+    assert "'first' holds 42%" in found[0] and "max_frozen_params=0.25" in found[0]  # 72 of 171 parameters
+
+
+def test_a_model_the_cap_leaves_room_in_does_not_warn(caplog):
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(max_frozen_params=0.25))
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * 6)
+    eg.close()
+    assert _warnings(caplog) == []
