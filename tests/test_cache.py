@@ -153,18 +153,21 @@ def test_blocks_with_masks_and_tuple_outputs_are_skipped_too():
     assert stats["served"] >= 8, stats
 
 
+def disk_files(eg):
+    """(descriptor, bytes per row) of each disk table: their files are unlinked once open."""
+    return [(t.fd, t.stride) for lv in eg._cache.levels.values() for t in lv.tables or [] if t.kind == "disk"]
+
+
 def test_a_corrupt_or_truncated_cache_file_is_detected_and_the_batch_recomputed(tmp_path, caplog):
     def damage(eg, step):
-        level = next(iter(eg.cache_stats["levels"].values()), None)
-        if level is None or not level["files"]:
+        files = disk_files(eg)
+        if not files:
             return
-        path, stride = level["files"][0]
+        fd, stride = files[0]
         if step == 14:  # flip bytes in the middle of the file
-            with open(path, "r+b") as f:
-                f.seek(stride * 5 + 10)
-                f.write(b"\xff" * 64)
+            os.pwrite(fd, b"\xff" * 64, stride * 5 + 10)
         if step == 26:
-            os.truncate(path, stride * 40)
+            os.ftruncate(fd, stride * 40)
 
     plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
     with caplog.at_level(logging.WARNING, logger="egeria"):
@@ -195,8 +198,7 @@ def test_limits_hold_and_a_cache_over_both_limits_is_not_built(tmp_path):
     seen = []
 
     def watch(eg, step):
-        for level in eg.cache_stats["levels"].values():
-            seen.extend(os.path.getsize(path) for path, _ in level["files"])
+        seen.extend(os.fstat(fd).st_size for fd, _ in disk_files(eg))
 
     row = 4 * 12 * 12 * 4  # the first module's output per sample: 4 channels of 12x12 fp32
     limit = 96 * row

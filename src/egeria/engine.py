@@ -241,7 +241,11 @@ class Egeria:
         Args:
             memory_limit: bytes of cached activations kept in memory.
             disk_limit: bytes of cached activations kept on disk when memory is too small.
-            directory: where disk caches go (a temporary directory by default).
+            directory: the folder disk caches go in (the system's temporary folder by
+                default: ``$TMPDIR``, else ``/tmp`` on Linux). A disk cache is chosen only
+                where the folder has room for it, is named in ``cache_stats["directory"]``
+                and an INFO line, and its file is unlinked as soon as it is open, so none
+                outlives the process, even one that is killed.
             storage_dtype: ``torch.bfloat16`` or ``torch.float16`` to store floating
                 activations in half the bytes; not exact (the default keeps their dtype).
             prefetch: batches read ahead in a background thread (0: none).

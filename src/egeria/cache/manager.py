@@ -18,14 +18,21 @@ running one batch both ways in eval mode and comparing the model's outputs); the
 boundary output must be batch-first; the prefix must not read a tied weight that a
 trainable module still changes (:attr:`~egeria.partition.LayerModule.detached`); serving
 must be cheaper than computing (the first served forward passes are timed against those that computed the prefix; when serving is
-not faster the level is dropped, keeps computing, and the choice is logged); the table must fit the memory or the disk limit. Any unfreeze
+not faster the level is dropped, keeps computing, and the choice is logged); the table must fit the memory or the disk limit, and
+a table on disk the free space of its folder (else the level computes, with one warning naming the folder and the bytes). Any unfreeze
 drops every level. A corrupt row is recomputed; a failed write turns caching off with one
 warning. None of these change what the model computes.
+
+Disk tables go in ``directory`` (the system's temporary folder by default), logged once at
+INFO and shown by :meth:`ActivationCache.summary`; their files are unlinked as soon as they
+are open, so none outlives the process, however it ends (:mod:`egeria.cache.store`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import statistics
 import time
 from typing import Any, Callable, ContextManager
@@ -38,7 +45,7 @@ from ..hooks import mark
 from ..partition import Partition
 from .prefetch import Prefetcher
 from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
-from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table
+from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table, disk_folder
 
 __all__ = ["ActivationCache"]
 
@@ -92,7 +99,8 @@ class ActivationCache:
         partition: returns its layer modules (known after the first forward pass).
         rows: number of sample keys (dataset length x augmentation variants).
         memory_limit, disk_limit: bytes the tables may use in memory / on disk.
-        directory: where disk tables go (a temporary directory by default).
+        directory: the folder disk tables go in (the system's temporary folder by default:
+            ``$TMPDIR``, else ``/tmp`` on Linux); their files are unlinked once open.
         storage_dtype: keep rows in this dtype (e.g. ``torch.bfloat16``) instead of the
             activation's own; not exact.
         prefetch: batches read ahead.
@@ -121,7 +129,8 @@ class ActivationCache:
         self.rows = rows
         self.memory_limit = memory_limit
         self.disk_limit = disk_limit
-        self.directory = directory
+        self.directory = disk_folder(directory)
+        self._space_warned = False
         self.storage_dtype = storage_dtype
         self._internal = internal
         self.serve = serve
@@ -325,8 +334,20 @@ class ActivationCache:
             make = lambda shape, dtype, st: MemoryTable(self.rows, shape, dtype, st)  # noqa: E731
             tier = "memory"
         elif on_disk + need <= self.disk_limit:
+            short = self._short_of_space(need)
+            if short is not None:
+                level.off = short
+                if not self._space_warned:
+                    self._space_warned = True
+                    logger.warning(
+                        "Egeria: activation cache off for %s: %s; its frozen prefix is computed as without the cache",
+                        level.boundary, short,
+                    )
+                else:
+                    logger.info("activation cache off for %s: %s", level.boundary, short)
+                return False
             make = lambda shape, dtype, st: DiskTable(self.rows, shape, dtype, st, directory=self.directory)  # noqa: E731
-            tier = "disk"
+            tier = f"disk in {self.directory} (files unlinked once open)"
         else:
             level.off = (
                 f"it needs {need / 2**20:.0f} MiB, over the memory limit ({self.memory_limit / 2**20:.0f} MiB) "
@@ -347,6 +368,22 @@ class ActivationCache:
             level.boundary, tier, need / 2**20, self.rows, need / self.rows / 1024,
         )
         return True
+
+    def _short_of_space(self, need: int) -> str | None:
+        """Why the disk folder cannot hold ``need`` more bytes, or None when it can (or its
+        free space cannot be read: creating the file then fails, and says why)."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return None
+        if free >= need:
+            return None
+        return (
+            f"its disk table needs {need:,} bytes ({need / 2**20:.1f} MiB) and {self.directory} has "
+            f"{free:,} bytes ({free / 2**20:.1f} MiB) free; pass cache_loader(directory=...) a folder with room, "
+            "or lower disk_limit"
+        )
 
     def _drop(self, which: Callable[[_Level], bool]) -> None:
         for frozen in [f for f, lv in self.levels.items() if which(lv)]:
@@ -458,18 +495,21 @@ class ActivationCache:
         self._drop(lambda level: True)
 
     def summary(self) -> dict:
-        """Counts, prefetch hit rate, and each level's tier, bytes, files and choice."""
+        """Counts, prefetch hit rate, the folder disk tables go in, and each level's tier,
+        bytes, files and choice."""
         served = self.stats["prefetch_hits"] + self.stats["prefetch_misses"]
         return {
             **self.stats,
             "prefetch_hit_rate": self.stats["prefetch_hits"] / served if served else None,
             "off": self.off,
+            "directory": self.directory,  # where disk tables go (their files are unlinked once open)
             "levels": {
                 lv.boundary: {
                     "frozen": lv.frozen,
                     "tier": None if not lv.tables else lv.tables[0].kind,
                     "bytes": lv.nbytes,
-                    # disk tables: (file, bytes per row) of each output tensor
+                    # disk tables: (file, bytes per row) of each output tensor; the file was
+                    # created under that name and unlinked at once (it lives while it is open)
                     "files": [(t.path, t.stride) for t in lv.tables or [] if t.kind == "disk"],
                     "complete": lv.complete,
                     "serving": lv.serving,

@@ -6,19 +6,36 @@ key (the first epoch that sees it) and read by batches of keys. Rows are stored 
 activation's own dtype unless a lower storage dtype was asked for. On disk every row has
 a CRC-32; a row whose bytes or length do not check out raises :class:`CorruptRows`, and a
 failed write raises :class:`StoreFull`.
+
+No cache file outlives its process: a disk table's file is unlinked as soon as it is open
+and read and written through its descriptor, so the space comes back when the descriptor is
+closed, on :meth:`Table.close`, at exit, or by the kernel when the process is killed. Where
+an open file cannot be unlinked (Windows), it is removed on close, when the table is
+collected, or at interpreter exit (``weakref.finalize``); a killed process leaves it there.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 import zlib
 from typing import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["Table", "MemoryTable", "DiskTable", "CorruptRows", "StoreFull"]
+__all__ = ["Table", "MemoryTable", "DiskTable", "CorruptRows", "StoreFull", "FILE_PREFIX", "disk_folder"]
+
+#: How a disk table's file is named in its folder (``egeria-activations-XXXX.bin``), for the
+#: moment between its creation and its unlinking.
+FILE_PREFIX = "egeria-activations-"
+
+
+def disk_folder(directory: str | None) -> str:
+    """Where disk tables go: ``directory``, else the system's temporary folder
+    (``tempfile.gettempdir()``: ``$TMPDIR``, else ``/tmp`` on Linux)."""
+    return os.path.abspath(directory if directory is not None else tempfile.gettempdir())
 
 
 class CorruptRows(Exception):
@@ -97,8 +114,17 @@ class MemoryTable(Table):
 class DiskTable(Table):
     """Rows in one file, written and read with ``pwrite``/``pread``, one CRC-32 per row.
 
+    The file is unlinked as soon as it is open (see the module docstring): nothing is left
+    in ``directory`` once it is created, even by a killed process.
+
     Args:
-        directory: where the file goes (created if needed); it is deleted on close.
+        directory: the folder the file goes in (created if needed; see :func:`disk_folder`).
+
+    Attributes:
+        path: the name the file was created under (gone from the folder when ``unlinked``).
+        folder: the folder it is in.
+        unlinked: True when the name was removed at once; False where an open file cannot be
+            unlinked, and it is removed on close, collection or interpreter exit instead.
     """
 
     kind = "disk"
@@ -107,10 +133,18 @@ class DiskTable(Table):
         self, rows: int, shape: Sequence[int], dtype: torch.dtype, storage: torch.dtype | None = None, *, directory: str | None = None
     ) -> None:
         super().__init__(rows, shape, dtype, storage)
-        if directory is not None:
-            os.makedirs(directory, exist_ok=True)
-        fd, self.path = tempfile.mkstemp(prefix="egeria-activations-", suffix=".bin", dir=directory)
-        self.fd = fd
+        self.folder = disk_folder(directory)
+        os.makedirs(self.folder, exist_ok=True)
+        fd, self.path = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".bin", dir=self.folder)
+        self.fd: int | None = fd
+        try:
+            os.unlink(self.path)
+            self.unlinked = True
+        except OSError:  # Windows: an open file keeps its name
+            self.unlinked = False
+        # closes the descriptor (and removes a file that kept its name) on close(), when the
+        # table is collected, or at interpreter exit, whichever comes first
+        self._release = weakref.finalize(self, _release, fd, None if self.unlinked else self.path)
         self.stride = self.row_bytes(self.shape, self.storage)
         self.crc = np.zeros(rows, dtype=np.uint32)
 
@@ -143,10 +177,18 @@ class DiskTable(Table):
         return rows.to(self.dtype)
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+        self.fd = None
+        self._release()
+
+
+def _release(fd: int, path: str | None) -> None:
+    """Closes a disk table's file, and removes it when it still has a name (``path``)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
