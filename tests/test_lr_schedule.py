@@ -1,0 +1,302 @@
+"""The run's learning-rate schedule read ahead (egeria.lr_schedule): every scheduler's
+prediction against the oracle of a real twin optimizer and scheduler stepped in a loop."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import threading
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.optim import lr_scheduler as lrs
+
+from egeria.lr_schedule import LRSchedule, read_schedule, schedule_from
+
+TOTAL = 60  # optimizer steps of the runs below
+LOGGER = "egeria.lr_schedule"
+
+
+def _hf_linear(warmup: int, total: int) -> Callable[[int], float]:
+    """transformers' get_linear_schedule_with_warmup factor, written out."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return factor
+
+
+def _hf_cosine(warmup: int, total: int, cycles: float = 0.5) -> Callable[[int], float]:
+    """transformers' get_cosine_schedule_with_warmup factor, written out."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * cycles * 2.0 * progress)))
+    return factor
+
+
+class Halving:
+    """A scheduler of no torch class and no position: halves the learning rate every 10 steps."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.calls = 0
+
+    def step(self) -> None:
+        self.calls += 1
+        if self.calls % 10 == 0:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= 0.5
+
+
+def _transformers(name: str) -> Callable[[torch.optim.Optimizer], Any]:
+    def make(opt: torch.optim.Optimizer) -> Any:
+        transformers = pytest.importorskip("transformers")
+        return getattr(transformers, name)(opt, num_warmup_steps=6, num_training_steps=TOTAL)
+    return make
+
+
+SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
+    "StepLR": lambda opt: lrs.StepLR(opt, step_size=7, gamma=0.5),
+    "MultiStepLR": lambda opt: lrs.MultiStepLR(opt, milestones=[20, 45], gamma=0.1),
+    "CosineAnnealingLR": lambda opt: lrs.CosineAnnealingLR(opt, T_max=TOTAL, eta_min=1e-4),
+    "OneCycleLR": lambda opt: lrs.OneCycleLR(opt, max_lr=0.5, total_steps=TOTAL),
+    "warm-up then cosine (SequentialLR)": lambda opt: lrs.SequentialLR(
+        opt, [lrs.LinearLR(opt, start_factor=0.1, total_iters=10), lrs.CosineAnnealingLR(opt, T_max=TOTAL - 10)],
+        milestones=[10],
+    ),
+    "ChainedScheduler": lambda opt: lrs.ChainedScheduler(
+        [lrs.ConstantLR(opt, factor=0.5, total_iters=5), lrs.ExponentialLR(opt, gamma=0.95)]
+    ),
+    "HF linear with warm-up (LambdaLR)": lambda opt: lrs.LambdaLR(opt, _hf_linear(6, TOTAL)),
+    "HF cosine with warm-up (LambdaLR)": lambda opt: lrs.LambdaLR(opt, _hf_cosine(6, TOTAL)),
+    "transformers linear": _transformers("get_linear_schedule_with_warmup"),
+    "transformers cosine": _transformers("get_cosine_schedule_with_warmup"),
+    "ExponentialLR": lambda opt: lrs.ExponentialLR(opt, gamma=0.9),
+    "PolynomialLR": lambda opt: lrs.PolynomialLR(opt, total_iters=50, power=2.0),
+    "a duck-typed scheduler": Halving,
+}
+POSITIONLESS = {"ChainedScheduler", "a duck-typed scheduler"}  # they keep no last_epoch
+
+
+def _twin(make: Callable[[torch.optim.Optimizer], Any], kind: str = "sgd") -> tuple[nn.Parameter, Any, Any]:
+    """A parameter, an optimizer over it (two param groups, the first one read) and its scheduler."""
+    param, other = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2))
+    groups = [{"params": [param]}, {"params": [other], "lr": 0.03}]
+    if kind == "sgd":
+        opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(groups, lr=0.1, weight_decay=0.01)
+    return param, opt, make(opt)
+
+
+def _run(param: nn.Parameter, opt: Any, scheduler: Any, steps: int, per: int = 1, done: int = 0) -> list[float]:
+    """Steps a real optimizer and scheduler in the usual loop (the scheduler after every
+    ``per`` optimizer steps, counted from step 0); returns the lr each step used."""
+    used = []
+    for k in range(done, done + steps):
+        used.append(float(opt.param_groups[0]["lr"]))
+        param.grad = torch.full_like(param, 0.01)
+        opt.step()
+        if (k + 1) % per == 0:
+            scheduler.step()
+    return used
+
+
+def _oracle(make: Callable[[torch.optim.Optimizer], Any], total: int = TOTAL, per: int = 1) -> torch.Tensor:
+    param, opt, scheduler = _twin(make)
+    return torch.tensor(_run(param, opt, scheduler, total, per), dtype=torch.float64)
+
+
+def _exact(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_the_schedule_read_from_step_0_is_the_learning_rate_every_step_uses(name):
+    param, opt, scheduler = _twin(SCHEDULERS[name])
+    schedule = read_schedule(scheduler, opt, TOTAL)
+    assert schedule is not None and schedule.start == 0 and schedule.reconstructed == 0
+    _exact(schedule.lrs, _oracle(SCHEDULERS[name]))
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_the_schedule_read_mid_run_continues_from_the_schedulers_state(name):
+    expected = _oracle(SCHEDULERS[name])
+    param, opt, scheduler = _twin(SCHEDULERS[name])
+    _run(param, opt, scheduler, 23)
+    start = 23 if name in POSITIONLESS else None  # the others know their own position
+    schedule = read_schedule(scheduler, opt, TOTAL, start=start)
+    assert schedule is not None and schedule.start == 23
+    _exact(schedule.lrs[23:], expected[23:])
+    # Earlier steps: the first lr read, held back to step 0, where none was observed ...
+    assert schedule.reconstructed == 23
+    _exact(schedule.lrs[:23], torch.full((23,), float(expected[23]), dtype=torch.float64))
+    # ... and what was observed, where it was.
+    observed = read_schedule(scheduler, opt, TOTAL, start=start, observed=expected[:20].tolist())
+    assert observed is not None and observed.reconstructed == 3
+    _exact(observed.lrs[:20], expected[:20])
+    _exact(observed.lrs[20:23], torch.full((3,), float(expected[23]), dtype=torch.float64))
+
+
+def test_a_scheduler_stepped_once_per_epoch_is_read_per_optimizer_step():
+    make = lambda opt: lrs.StepLR(opt, step_size=1, gamma=0.5)  # noqa: E731 - stepped after each epoch
+    per, total = 7, 7 * 6
+    expected = _oracle(make, total, per=per)
+    param, opt, scheduler = _twin(make)
+    schedule = read_schedule(scheduler, opt, total, steps_per_epoch=per)
+    assert schedule is not None
+    _exact(schedule.lrs, expected)
+    assert len(set(expected[:per].tolist())) == 1 and expected[per] == expected[0] / 2  # the oracle is per epoch
+    # Read in the middle of the third epoch: the scheduler's position (2) places it.
+    _run(param, opt, scheduler, 2 * per + 3, per=per)
+    middle = read_schedule(scheduler, opt, total, steps_per_epoch=per)
+    assert middle is not None and middle.start == 2 * per
+    _exact(middle.lrs[2 * per:], expected[2 * per:])
+
+
+def test_a_per_step_scheduler_with_steps_per_epoch_1_differs_from_the_per_epoch_reading():
+    """The cadence matters: the same StepLR read per step is not the per-epoch schedule."""
+    make = lambda opt: lrs.StepLR(opt, step_size=1, gamma=0.5)  # noqa: E731
+    _, opt, scheduler = _twin(make)
+    per_step = read_schedule(scheduler, opt, 14)
+    assert per_step is not None
+    _exact(per_step.lrs, _oracle(make, 14, per=1))
+    assert not torch.equal(per_step.lrs, _oracle(make, 14, per=7))
+
+
+def _state(param: nn.Parameter, opt: Any, scheduler: Any) -> dict:
+    return copy.deepcopy({
+        "param": param.detach().clone(),
+        "optimizer": opt.state_dict(),
+        "scheduler": scheduler.state_dict() if hasattr(scheduler, "state_dict") else
+        {k: v for k, v in vars(scheduler).items() if k != "optimizer"},
+        "lrs": [g["lr"] for g in opt.param_groups],
+    })
+
+
+def _assert_same(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif callable(a):
+        assert a is b or type(a) is type(b), where
+    else:
+        assert a == b and type(a) is type(b), where
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_reading_leaves_the_users_scheduler_optimizer_and_parameters_as_they_were(name):
+    param, opt, scheduler = _twin(SCHEDULERS[name], kind="adamw")
+    _run(param, opt, scheduler, 5)  # AdamW now holds state (moments, step)
+    before = _state(param, opt, scheduler)
+    steps = []
+    opt.register_step_pre_hook(lambda *args: steps.append(1))
+    schedule = read_schedule(scheduler, opt, TOTAL, start=5)
+    assert schedule is not None
+    _assert_same(_state(param, opt, scheduler), before)
+    assert steps == []  # the user's optimizer never stepped
+    # The user's scheduler continues exactly as an untouched twin does.
+    twin_param, twin_opt, twin = _twin(SCHEDULERS[name], kind="adamw")
+    _run(twin_param, twin_opt, twin, 5)
+    _exact(torch.tensor(_run(param, opt, scheduler, 10, done=5)), torch.tensor(_run(twin_param, twin_opt, twin, 10, done=5)))
+
+
+def test_the_copys_own_warnings_are_silenced_and_the_users_are_not():
+    param, opt, scheduler = _twin(lambda opt: lrs.StepLR(opt, step_size=3))  # never stepped: the copy would warn
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_schedule(scheduler, opt, 10) is not None
+    assert [str(w.message) for w in caught] == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scheduler.step()  # the user's own scheduler, before any optimizer.step(): torch warns
+    assert any("optimizer.step()" in str(w.message) for w in caught)
+
+
+def test_mass_ahead_and_between_against_a_hand_computed_schedule():
+    schedule = LRSchedule([1.0, 2.0, 3.0, 4.0])  # mass 10
+    assert [schedule.mass_ahead(s) for s in range(5)] == pytest.approx([1.0, 0.9, 0.7, 0.4, 0.0], abs=1e-15)
+    assert schedule.mass_ahead(0) == 1.0 and schedule.mass_ahead(4) == 0.0
+    assert schedule.mass_between(1, 3) == pytest.approx(0.5)
+    assert schedule.mass_between(-5, 99) == 1.0
+    assert schedule.peak == 4.0 and schedule.lr(2) == 3.0 and len(schedule) == 4
+
+
+def test_mass_figures_of_issue_28():
+    """The figures the module docstring quotes, from schedules read off real schedulers."""
+    total = 1000
+    make = {
+        "cosine": lambda opt: lrs.CosineAnnealingLR(opt, T_max=total),
+        "linear": lambda opt: lrs.LambdaLR(opt, lambda s: 1 - s / total),
+        "step": lambda opt: lrs.MultiStepLR(opt, milestones=[total // 2, total * 3 // 4], gamma=0.1),  # the demo's
+    }
+    ahead = {}
+    for name, at in (("cosine", 700), ("linear", 800), ("step", 750)):
+        _, opt, scheduler = _twin(make[name])
+        schedule = read_schedule(scheduler, opt, total)
+        assert schedule is not None
+        ahead[name] = schedule.mass_ahead(at)
+    assert ahead["cosine"] == pytest.approx(0.0424, abs=5e-4)  # the last 30% of a cosine: 4.2%
+    assert ahead["linear"] == pytest.approx(0.0400, abs=5e-4)  # the last 20% of a linear decay: 4.0%
+    assert ahead["step"] == pytest.approx(0.0047, abs=5e-5)  # the last phase of the step schedule: 0.47%
+
+
+def test_a_metric_driven_scheduler_gives_none_with_one_warning(caplog):
+    _, opt, _ = _twin(lambda opt: None)
+    plateau = lrs.ReduceLROnPlateau(opt)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert read_schedule(plateau, opt, TOTAL) is None
+    [record] = [r for r in caplog.records if r.name == LOGGER]
+    assert "metrics" in record.getMessage() and "lr_schedule=" in record.getMessage()
+
+
+class _Locked(lrs.StepLR):
+    """A scheduler holding something that cannot be deep-copied."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        super().__init__(opt, step_size=2)
+        self.lock = threading.Lock()
+
+
+@pytest.mark.parametrize("case, says", [
+    ("copy fails", "cannot be copied"),
+    ("not finite", "not finite"),
+    ("no total steps", "total_steps="),
+    ("step fails", "failed to step"),
+])
+def test_unknowable_schedules_give_none_and_say_what_to_pass(case, says, caplog):
+    total: int | None = TOTAL
+    if case == "copy fails":
+        _, opt, scheduler = _twin(_Locked)
+    elif case == "not finite":
+        _, opt, scheduler = _twin(lambda opt: lrs.LambdaLR(opt, lambda s: float("nan") if s == 5 else 1.0))
+    elif case == "step fails":
+        _, opt, scheduler = _twin(lambda opt: lrs.OneCycleLR(opt, max_lr=0.5, total_steps=10))  # steps past its end
+    else:
+        _, opt, scheduler = _twin(SCHEDULERS["StepLR"])
+        total = None
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert read_schedule(scheduler, opt, total) is None
+    [record] = [r for r in caplog.records if r.name == LOGGER]
+    assert says in record.getMessage()
+
+
+def test_the_callable_escape_hatch():
+    schedule = schedule_from(lambda step: 0.1 * (1 - step / 10), 10)
+    assert schedule is not None
+    _exact(schedule.lrs, torch.tensor([0.1 * (1 - s / 10) for s in range(10)], dtype=torch.float64))
+    assert schedule.mass_ahead(5) == pytest.approx(15 / 55)
+    assert schedule_from(lambda step: -1.0, 10) is None
