@@ -15,7 +15,11 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as lrs
 
-from egeria.lr_schedule import LRSchedule, read_schedule, schedule_from
+from egeria import Egeria
+from egeria.lr_schedule import LRSchedule, ScheduleWatch, read_schedule, schedule_from
+from egeria.policies import StatelessPolicy
+
+from tiny import Chain, idle_step
 
 TOTAL = 60  # optimizer steps of the runs below
 LOGGER = "egeria.lr_schedule"
@@ -211,7 +215,8 @@ def test_reading_leaves_the_users_scheduler_optimizer_and_parameters_as_they_wer
     # The user's scheduler continues exactly as an untouched twin does.
     twin_param, twin_opt, twin = _twin(SCHEDULERS[name], kind="adamw")
     _run(twin_param, twin_opt, twin, 5)
-    _exact(torch.tensor(_run(param, opt, scheduler, 10, done=5)), torch.tensor(_run(twin_param, twin_opt, twin, 10, done=5)))
+    after, untouched = _run(param, opt, scheduler, 10, done=5), _run(twin_param, twin_opt, twin, 10, done=5)
+    _exact(torch.tensor(after), torch.tensor(untouched))
 
 
 def test_the_copys_own_warnings_are_silenced_and_the_users_are_not():
@@ -300,3 +305,168 @@ def test_the_callable_escape_hatch():
     _exact(schedule.lrs, torch.tensor([0.1 * (1 - s / 10) for s in range(10)], dtype=torch.float64))
     assert schedule.mass_ahead(5) == pytest.approx(15 / 55)
     assert schedule_from(lambda step: -1.0, 10) is None
+
+
+# -- in the engine ----------------------------------------------------------------------
+
+
+class Watcher(StatelessPolicy):
+    """A policy that freezes nothing and asks for the schedule at every step."""
+
+    name = "watcher"
+
+    def __init__(self) -> None:
+        self.seen: list[LRSchedule | None] = []
+
+    def bind(self, binding: Any) -> None:
+        self.binding = binding
+
+    def target(self, info: Any) -> None:
+        self.seen.append(self.binding.lr_schedule())
+        return None
+
+
+def _engine(make: Callable[[torch.optim.Optimizer], Any] | None, total: int | None, **kwargs: Any):
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = make(opt) if make is not None else None
+    watcher = Watcher()
+    eg = Egeria(model, opt, lr_scheduler=scheduler, total_steps=total, policy=watcher,
+                example_inputs=(torch.randn(4, 8),), **kwargs)
+    return eg, opt, scheduler, watcher
+
+
+def _boundaries(eg: Egeria, opt: Any, scheduler: Any, count: int, per: int = 1) -> list[float]:
+    """The usual loop: optimizer step, the scheduler after every ``per`` steps, then
+    Egeria's step (for per > 1 Egeria's step comes first, as in an epoch loop)."""
+    used = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # idle optimizer steps
+        for k in range(count):
+            used.append(float(opt.param_groups[0]["lr"]))
+            opt.zero_grad(set_to_none=True)
+            opt.step()
+            if per == 1:
+                scheduler.step()
+                eg.step(torch.tensor(1.0))
+            else:
+                eg.step(torch.tensor(1.0))
+                if (k + 1) % per == 0:
+                    scheduler.step()
+    return used
+
+
+def test_egeria_hands_policies_the_schedule_read_from_step_0():
+    make = SCHEDULERS["warm-up then cosine (SequentialLR)"]
+    eg, opt, scheduler, watcher = _engine(make, TOTAL)
+    used = _boundaries(eg, opt, scheduler, 4)
+    assert watcher.seen[0] is None  # one scheduler step seen: its cadence is not known yet
+    schedule = watcher.seen[-1]
+    assert schedule is not None and schedule.start == 0 and schedule.reconstructed == 0
+    _exact(schedule.lrs, _oracle(make))
+    _exact(schedule.lrs[:4], torch.tensor(used, dtype=torch.float64))
+    assert all(s is schedule for s in watcher.seen[2:])  # read once
+
+
+def test_egeria_learns_a_per_epoch_cadence_from_the_scheduler():
+    make = lambda opt: lrs.StepLR(opt, step_size=1, gamma=0.5)  # noqa: E731
+    per, total = 5, 5 * 6
+    eg, opt, scheduler, watcher = _engine(make, total)
+    used = _boundaries(eg, opt, scheduler, 3 * per, per=per)
+    assert all(s is None for s in watcher.seen[: 2 * per])  # fewer than two advances seen
+    schedule = watcher.seen[-1]
+    assert schedule is not None and eg._schedule.steps_per_epoch == per
+    _exact(schedule.lrs, _oracle(make, total, per=per))
+    _exact(schedule.lrs[: 3 * per], torch.tensor(used, dtype=torch.float64))
+
+
+def test_egeria_reads_a_resumed_schedulers_schedule_from_its_position():
+    make = SCHEDULERS["HF cosine with warm-up (LambdaLR)"]
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = make(opt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(17):  # the run so far, before Egeria is built (a resumed Trainer)
+            scheduler.step()
+    watcher = Watcher()
+    eg = Egeria(model, opt, lr_scheduler=scheduler, total_steps=TOTAL, policy=watcher,
+                example_inputs=(torch.randn(4, 8),))
+    _boundaries(eg, opt, scheduler, 3)
+    schedule = watcher.seen[-1]
+    assert schedule is not None and schedule.start == 17 and schedule.reconstructed == 17
+    _exact(schedule.lrs[17:], _oracle(make)[17:])
+
+
+def test_egeria_warns_once_for_an_unknowable_schedule(caplog):
+    eg, opt, scheduler, watcher = _engine(lambda opt: lrs.ReduceLROnPlateau(opt), TOTAL)
+    with caplog.at_level(logging.WARNING, logger=LOGGER), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(5):
+            idle_step(opt, eg)
+            scheduler.step(1.0)
+    assert watcher.seen == [None] * 5
+    [record] = [r for r in caplog.records if r.name == LOGGER]
+    assert "metrics" in record.getMessage() and "lr_schedule=" in record.getMessage()
+
+
+def test_egeria_without_total_steps_warns_once(caplog):
+    eg, opt, scheduler, watcher = _engine(SCHEDULERS["StepLR"], None)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _boundaries(eg, opt, scheduler, 4)
+    assert watcher.seen == [None] * 4
+    [record] = [r for r in caplog.records if r.name == LOGGER]
+    assert "total_steps=" in record.getMessage()
+
+
+def test_egeria_takes_the_users_callable_over_the_scheduler():
+    lr_at = lambda step: 0.2 if step < 30 else 0.02  # noqa: E731
+    eg, opt, scheduler, watcher = _engine(SCHEDULERS["StepLR"], TOTAL, lr_schedule=lr_at)
+    _boundaries(eg, opt, scheduler, 1)
+    schedule = watcher.seen[0]
+    assert schedule is not None
+    _exact(schedule.lrs, torch.tensor([lr_at(s) for s in range(TOTAL)], dtype=torch.float64))
+
+
+def test_without_a_scheduler_the_optimizers_learning_rate_holds():
+    eg, opt, _, watcher = _engine(None, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        idle_step(opt, eg)
+    schedule = watcher.seen[0]
+    assert schedule is not None
+    _exact(schedule.lrs, torch.full((10,), 0.1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad, says", [
+    (0.1, "lr_schedule=0.1"),
+    ("cosine", "lr_schedule='cosine'"),
+])
+def test_a_bad_lr_schedule_is_refused_by_name(bad, says):
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=says.replace(".", r"\.")):
+        Egeria(model, opt, lr_schedule=bad)
+
+
+def test_a_scheduler_passed_as_lr_schedule_is_pointed_to_lr_scheduler():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = lrs.ReduceLROnPlateau(opt)
+    with pytest.raises(ValueError, match="lr_scheduler="):
+        Egeria(model, opt, lr_schedule=plateau)
+
+
+def test_the_watch_needs_two_advances_whatever_the_order_of_the_calls():
+    """Egeria's step before or after the scheduler's: the gap between advances is the same."""
+    for offset in (0, 1):
+        watch = ScheduleWatch()
+        _, opt, scheduler = _twin(SCHEDULERS["StepLR"])
+        watch.watch(0, scheduler, opt)
+        for step in range(1, 4):
+            if offset == 0:
+                scheduler.last_epoch += 1
+            watch.watch(step, scheduler, opt)
+            if offset == 1:
+                scheduler.last_epoch += 1
+        assert watch.steps_per_epoch == 1

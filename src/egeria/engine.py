@@ -40,6 +40,7 @@ from .decision import Decision
 from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .hooks import mark
+from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
@@ -84,6 +85,10 @@ class Egeria:
             whose forward takes the batch's inputs (a LightningModule's network, which
             Lightning calls through ``training_step``). A ``DistributedDataParallel``
             wrapper around ``model`` is still rebuilt at each freeze and unfreeze.
+        lr_schedule: the learning rate of every optimizer step, as a callable
+            ``lr_at(step) -> float`` (steps from 0), when the scheduler cannot state it
+            (a metric-driven or hand-written schedule); it takes precedence over
+            ``lr_scheduler`` for the schedule policies read (:mod:`egeria.lr_schedule`).
 
     Steps are counted from the optimizer (:mod:`egeria.stepcount`): a call of
     :meth:`step` that follows no ``optimizer.step()`` (a micro-batch of gradient
@@ -112,6 +117,7 @@ class Egeria:
         policy: FreezePolicy | None = None,
         on_change: Callable[[Decision], Any] | None = None,
         module: nn.Module | None = None,
+        lr_schedule: LRAt | None = None,
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
         if not isinstance(self.config, EgeriaConfig):
@@ -128,6 +134,7 @@ class Egeria:
         _check_optimizer(model, optimizer)
         if on_change is not None and not callable(on_change):
             raise ValueError(f"on_change must be callable, got {type(on_change).__name__}")
+        _check_lr_schedule(lr_schedule)
         self.policy: FreezePolicy = _choose_policy(self.config, policy, unfreeze_rule)
         self._custom_unfreeze = unfreeze_rule is not None
         self.model = model
@@ -151,6 +158,8 @@ class Egeria:
         self._planned = False  # a step ran: total_steps is fixed
         self._cache: Any = None  # an egeria.cache.ActivationCache once cache_loader() is called
         self._closed = False
+        self._lr_at = lr_schedule
+        self._schedule = ScheduleWatch()  # the run's learning-rate schedule, read once (egeria.lr_schedule)
         self.set_schedule(total_steps=total_steps, lr_scheduler=lr_scheduler)
         self._trace: ExecutionTrace | None = ExecutionTrace(model, self._blocks)
         self._trace_end = mark(model.register_forward_hook(self._on_forward_end))
@@ -295,6 +304,7 @@ class Egeria:
             self.total_steps = total_steps
         if lr_scheduler is not None:
             self.lr_scheduler = lr_scheduler
+            self._schedule.watch(self.steps, lr_scheduler, self.optimizer, keep=(self.wrapper, self.model))
         if lr_scheduler is not None and isinstance(self.policy, KnowledgeGuided) and not self._custom_unfreeze:
             if type(lr_scheduler).__name__ in CYCLICAL_SCHEDULERS:
                 logger.warning(
@@ -343,6 +353,7 @@ class Egeria:
         prefix = self._bind()
         self._planned = True  # the policy plans with total_steps from this step on
         self.steps += 1
+        self._schedule.watch(self.steps, self.lr_scheduler, self.optimizer)
         before = len(self.events)
         partition = prefix.partition
         info = StepInfo(
@@ -427,6 +438,9 @@ class Egeria:
                     own_pass=self._own.is_active,
                     event=self._record,
                     decays_ahead=lambda: decays_ahead(self.lr_scheduler),
+                    lr_schedule=lambda: self._schedule.schedule(
+                        self.optimizer, self.total_steps, self._lr_at, final=self._planned
+                    ),
                 )
             )
             logger.info("Egeria: %d layer modules %s, policy %s", len(partition), partition.names, self.policy.name)
@@ -679,6 +693,16 @@ def _checked_loss(loss: Any) -> torch.Tensor | float | None:
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):
         return float(loss)
     raise ValueError(f"Egeria.step(loss): loss must be a tensor or a number, got {type(loss).__name__}")
+
+
+def _check_lr_schedule(lr_schedule: Any) -> None:
+    if lr_schedule is None or callable(lr_schedule):
+        return
+    hint = " (a scheduler goes to lr_scheduler=)" if hasattr(lr_schedule, "step") else ""
+    raise ValueError(
+        f"Egeria(lr_schedule={lr_schedule!r}) must be a callable lr_at(step) -> float giving the learning rate of "
+        f"optimizer step `step` (from 0), or None{hint}"
+    )
 
 
 def _check_optimizer(model: nn.Module, optimizer: Any) -> None:

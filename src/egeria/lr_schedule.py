@@ -416,7 +416,7 @@ def _copy_scheduler(scheduler: Any, optimizer: Any, keep: Iterable[object] = ())
 
 
 def _step_needs(scheduler: Any) -> list[str]:
-    """The arguments ``scheduler.step()`` cannot do without (a metric, say); ['step()']
+    """The arguments ``scheduler.step()`` cannot do without (a metric, say), or ['a step() method']
     when it has no step method."""
     step = getattr(scheduler, "step", None)
     if not callable(step):
@@ -425,10 +425,9 @@ def _step_needs(scheduler: Any) -> list[str]:
         parameters = inspect.signature(step).parameters.values()
     except (TypeError, ValueError):
         return []
-    return [
-        p.name for p in parameters
-        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
+    kinds = inspect.Parameter
+    required = (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.default is kinds.empty and p.kind in required]
 
 
 def _position(scheduler: Any) -> int | None:

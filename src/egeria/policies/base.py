@@ -11,13 +11,16 @@ measured against.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
 
 from ..decision import Decision
 from ..partition import Partition
+
+if TYPE_CHECKING:
+    from ..lr_schedule import LRSchedule
 
 __all__ = ["StepInfo", "Binding", "Move", "FreezePolicy", "StatelessPolicy"]
 
@@ -63,6 +66,9 @@ class Binding:
         event: records an event that changes no frozen set (e.g. ``"guided"``).
         decays_ahead: the learning-rate decays the run's scheduler still has ahead, where
             it states them (:func:`egeria.decays.decays_ahead`), else None.
+        lr_schedule: the run's learning rate at every optimizer step
+            (:class:`egeria.lr_schedule.LRSchedule`, read once, at the first call that can
+            answer), else None: not known yet, or unknowable (one warning says why).
     """
 
     model: nn.Module
@@ -73,6 +79,7 @@ class Binding:
     own_pass: Callable[[], bool]
     event: Callable[[Decision], None]
     decays_ahead: Callable[[], int | None] = lambda: None
+    lr_schedule: Callable[[], LRSchedule | None] = lambda: None
 
 
 @dataclass(frozen=True)
