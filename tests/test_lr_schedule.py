@@ -400,12 +400,15 @@ def test_egeria_reads_a_resumed_schedulers_schedule_from_its_position():
 
 def test_egeria_warns_once_for_an_unknowable_schedule(caplog):
     eg, opt, scheduler, watcher = _engine(lambda opt: lrs.ReduceLROnPlateau(opt), TOTAL)
+    warned_at = []
     with caplog.at_level(logging.WARNING, logger=LOGGER), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(5):
             idle_step(opt, eg)
             scheduler.step(1.0)
+            warned_at.append(sum(r.name == LOGGER for r in caplog.records))
     assert watcher.seen == [None] * 5
+    assert warned_at == [1] * 5  # at the first request, then never again
     [record] = [r for r in caplog.records if r.name == LOGGER]
     assert "metrics" in record.getMessage() and "lr_schedule=" in record.getMessage()
 
@@ -470,3 +473,15 @@ def test_the_watch_needs_two_advances_whatever_the_order_of_the_calls():
             if offset == 1:
                 scheduler.last_epoch += 1
         assert watch.steps_per_epoch == 1
+
+
+def test_before_training_a_missing_length_is_asked_for_again_quietly(caplog):
+    _, opt, scheduler = _twin(SCHEDULERS["StepLR"])
+    watch = ScheduleWatch()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert watch.schedule(opt, None, final=False) is None  # no scheduler, no length yet
+        watch.watch(0, scheduler, opt)
+        assert watch.schedule(opt, None, lambda step: 0.1, final=False) is None
+    assert [r for r in caplog.records if r.name == LOGGER] == []
+    answer = watch.schedule(opt, 10, lambda step: 0.1, final=True)
+    assert answer is not None and len(answer) == 10

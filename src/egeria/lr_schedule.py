@@ -280,6 +280,8 @@ class ScheduleWatch:
                 raise ScheduleUnknown(self._failed)
             elif self._too_fast is not None:
                 raise ScheduleUnknown(self._too_fast)
+            elif _step_needs(self._scheduler):
+                _read(self._scheduler, optimizer, total_steps, steps_per_epoch=1, start=None)  # raises why
             elif self.steps_per_epoch is None:
                 self._tell_once(
                     logging.INFO,
@@ -298,7 +300,8 @@ class ScheduleWatch:
                 return None
             self._tell_once(logging.WARNING, f"the learning-rate schedule is unknown: {err}")
             answer = None
-        self._answer, self._answered = answer, True
+        if final:  # before training, total_steps or the scheduler may still change
+            self._answer, self._answered = answer, True
         return answer
 
     def _tell_once(self, level: int, message: str) -> None:
