@@ -40,6 +40,7 @@ from .decision import Decision
 from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .hooks import mark
+from .mainguard import refuse_in_reimported_main
 from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
@@ -119,6 +120,7 @@ class Egeria:
         module: nn.Module | None = None,
         lr_schedule: LRAt | None = None,
     ) -> None:
+        refuse_in_reimported_main()  # a spawned process re-running a script without the __main__ guard stops here
         self.config = config if config is not None else EgeriaConfig()
         if not isinstance(self.config, EgeriaConfig):
             raise ValueError(f"config must be an EgeriaConfig, got {type(self.config).__name__}")

@@ -15,7 +15,10 @@ so the same sequence of evaluations gives the same readings and decisions by con
 
 Faults never stop training: a controller that raises, exits or stops beating its heart
 for ``controller_timeout`` seconds is reported once (:attr:`failure`) and gives no more
-answers; the engine then trains on with the modules frozen so far.
+answers; the engine then trains on with the modules frozen so far. A controller process
+that exits before it is ready is replaced by a thread; one that exits with
+:data:`~egeria.mainguard.GUARD_EXIT` found itself re-running a script without the
+``if __name__ == "__main__":`` guard (:mod:`egeria.mainguard`), and the warning says so.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import os
 import pickle
 import queue
+import sys
 import threading
 import time
 from typing import Any, Mapping
@@ -32,6 +36,7 @@ import torch
 
 from .cpuload import CpuLoad
 from .device import safe_start_method
+from .mainguard import CONTROLLER_NAME, GUARD_EXIT, guard_message
 from .nested import map_tensors
 from .protocol import Control, Readout, Reply, Request, Result
 from .service import Channels, ControllerSpec, Service, process_main
@@ -370,14 +375,25 @@ class ProcessExecutor(_QueueExecutor):
         self.process = ctx.Process(
             target=process_main,
             args=(spec, self.channels, self._heartbeat, os.getpid()),
-            name="egeria-controller",
+            name=CONTROLLER_NAME,
             daemon=True,
         )
         try:
             self.process.start()
         except Exception as err:  # pickling the model for spawn, resource limits
-            raise ControllerStartError(f"{type(err).__name__}: {err}") from err
+            raise ControllerStartError(f"{type(err).__name__}: {err}{self._guard_hint()}") from err
         self._started = time.monotonic()
+        self._guard_said = False  # the exit for a script without the __main__ guard was reported
+
+    def _guard_hint(self) -> str:
+        return (
+            " (under the spawn or forkserver start method, guard the script's training code with "
+            "`if __name__ == '__main__':`)" if self.start_method != "fork" else ""
+        )
+
+    def _guard_exit(self) -> bool:
+        """Whether the process exited because it re-ran a script without the guard."""
+        return not self.ready and self.process.exitcode == GUARD_EXIT
 
     def _send_request(self, request: Request) -> None:
         problem = picklable(request.batch)
@@ -390,11 +406,12 @@ class ProcessExecutor(_QueueExecutor):
             return
         if not self.process.is_alive():
             code = self.process.exitcode
+            if self._guard_exit():
+                self._guard_said = True
+                raise ControllerStartError(guard_message(_main_script()))
             if not self.ready:
                 raise ControllerStartError(
-                    f"the controller process exited with code {code} before it was ready"
-                    + (" (under the spawn start method, guard the script's training code with "
-                       "`if __name__ == '__main__':`)" if self.start_method != "fork" else "")
+                    f"the controller process exited with code {code} before it was ready{self._guard_hint()}"
                 )
             self._fail(f"the controller process exited with code {code}")
         elif self.ready and time.monotonic() - self._heartbeat.value > self.timeout:
@@ -412,12 +429,22 @@ class ProcessExecutor(_QueueExecutor):
             self.process.kill()
             self.process.join(timeout=1.0)
 
+    def close(self) -> None:
+        super().close()
+        if self._guard_exit() and not self._guard_said:  # closed before a step boundary saw it
+            self._guard_said = True
+            logger.warning("Egeria: %s; no module was read", guard_message(_main_script()))
+
     @property
     def pid(self) -> int | None:
         return self.process.pid
 
     def stats(self) -> dict:
         return super().stats() | {"pid": self.process.pid, "start_method": self.start_method}
+
+
+def _main_script() -> str | None:
+    return getattr(sys.modules.get("__main__"), "__file__", None)
 
 
 def picklable(value: Any) -> str | None:
