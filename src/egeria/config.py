@@ -204,7 +204,9 @@ class EgeriaConfig:
     # Beside an accelerator, name host cores the data loader does not need.
     controller_cpus: Union[Sequence[int], None] = None
     # Start method of the controller process; None follows the platform default, as
-    # torch's DataLoader workers do. Under "spawn" the model must be picklable.
+    # torch's DataLoader workers do. Under "spawn" the model must be picklable, and the
+    # script's training code under `if __name__ == "__main__":` (without it the process
+    # stops and the controller runs in a thread, with one warning: egeria.mainguard).
     start_method: str | None = None
     # Evaluations in flight at most (sent, not yet answered); one more is dropped and
     # counted instead of making the trainer wait or memory grow.
