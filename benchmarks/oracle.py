@@ -63,7 +63,7 @@ def distances(model: torch.nn.Module, run_path: Path, probe_size: int) -> tuple[
     names = partition.names[: partition.freezable]
 
     def outputs(path: Path) -> list[torch.Tensor]:
-        model.load_state_dict(torch.load(path, map_location="cpu"))
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return outputs_until(model, blocks, (probe,), {})
 
     final = outputs(run_path.with_suffix(".pt"))

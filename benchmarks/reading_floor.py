@@ -64,7 +64,7 @@ def measured_floors(run: dict, weights: Path) -> dict[str, float]:
 
     torch.manual_seed(0)
     model, data = _model_and_data(run["task"])
-    model.load_state_dict(torch.load(weights, map_location="cpu"))
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     model.eval()
     size = run["config"].get("probe_size") or 32
     precision = resolve_precision(run["config"]["reference_precision"])

@@ -74,8 +74,8 @@ def test_snapshots_save_the_weights_at_every_record_the_last_equal_to_the_final_
     steps = [r["step"] for r in run["records"]]
     assert steps == [1, 2, 3, 4]
     assert sorted(p.name for p in (folder / "none-seed0-snapshots").iterdir()) == [f"step{s}.pt" for s in steps]
-    first, last = (torch.load(folder / "none-seed0-snapshots" / f"step{s}.pt") for s in (1, 4))
-    final = torch.load(folder / "none-seed0.pt")
+    first, last = (torch.load(folder / "none-seed0-snapshots" / f"step{s}.pt", weights_only=True) for s in (1, 4))
+    final = torch.load(folder / "none-seed0.pt", weights_only=True)
     assert all(torch.equal(last[k], final[k]) for k in final)
     assert not torch.equal(first["conv1.weight"], final["conv1.weight"])  # saved as it was then
 

@@ -189,7 +189,7 @@ def test_ddp_two_ranks_stay_bit_identical_through_a_freeze_and_an_unfreeze(tmp_p
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(hf_workers.train_two_ranks, args=(2, port, str(tmp_path)), nprocs=2, join=True)
-    zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
 
     assert zero["wrapped"] == "DistributedDataParallel"
     # One decision source: the same moves at the same steps on both ranks.

@@ -69,7 +69,7 @@ def test_checkpoint_resume_restores_the_frozen_set_and_continues_as_the_uninterr
     frozen_at_checkpoint = [f for g, _, f, *_ in recorder.steps if g == 32][0]
     assert frozen_at_checkpoint
     checkpoint = tmp_path / "epoch=1-step=32.ckpt"
-    saved = torch.load(checkpoint, weights_only=False)["callbacks"]["EgeriaCallback"]
+    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["EgeriaCallback"]
     assert saved["frozen"] == len(frozen_at_checkpoint) and saved["steps"] == 32
 
     torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
@@ -95,7 +95,7 @@ def test_ddp_two_ranks_stay_bit_identical_through_a_freeze_and_an_unfreeze(tmp_p
     recorder = lt.Recorder(callback, drop_lr_after=4, out=str(tmp_path))  # a 10x LR drop 4 steps after the freeze
     trainer = lt.trainer([callback, recorder], accumulate=2, max_epochs=4, devices=2, strategy="ddp_fork")
     trainer.fit(lt.Task(), lt.loader(64, samples=16))  # 16 samples: each rank sees its own fixed batch
-    zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
 
     # One decision source: the same moves at the same steps on both ranks.
     moves = [(e["step"], e["action"], e["modules"]) for e in zero["events"] if e["action"] != "guided"]

@@ -1,17 +1,29 @@
 """Tensors inside JSON (raw bytes in base64, with dtype and shape), and a checkpoint
 folder that keeps them as tensors instead: ``egeria.json`` (the state, each tensor
 replaced by a reference, and the name of its tensor file) beside ``egeria-<id>.pt`` (the
-tensors). The tensor file is written under a new name first, then ``egeria.json`` is
-renamed into place (the commit), then older tensor files go: a crash or a full disk at
-any point leaves the previous checkpoint whole and never pairs one save's JSON with
-another's tensors."""
+tensors, ``<id>`` 12 hex digits).
+
+A save holds ``.egeria.lock`` (``flock``) so that saves into one folder (every rank of a
+job, two threads) follow each other: the tensor file is written under a new name first,
+then ``egeria.json`` is renamed into place (the commit) and the folder synced, then the
+tensor file the *previous* ``egeria.json`` named goes. A crash or a full disk at any point
+leaves the previous checkpoint whole and never pairs one save's JSON with another's
+tensors; the last complete save is the one that loads. A save removes nothing but that one
+file and its own leftover temporary files (exact names): a user's ``egeria-best.pt`` beside
+them stays.
+
+A reader opens only a plain file named inside the folder (no path, no link out, no FIFO),
+and :func:`saved_steps` answers None for anything it cannot read."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pickle
+import re
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -23,6 +35,9 @@ __all__ = ["encode_tensor", "decode_tensor", "write_state", "read_state", "saved
 
 #: The file that commits a checkpoint folder written by :func:`write_state`.
 STATE_FILE = "egeria.json"
+_TENSORS = re.compile(r"egeria-[0-9a-f]{12}\.pt")  # the tensor files a save writes, exactly
+_LOCK = ".egeria.lock"
+_TEMP_PREFIXES = (f".{STATE_FILE}.", ".egeria-")  # _atomic_write's temporary files of both
 
 
 def encode_tensor(tensor: torch.Tensor) -> dict:
@@ -79,7 +94,7 @@ def _join(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 def _atomic_write(path: Path, write: Any) -> None:
     """Writes through a temporary file in the same folder, then renames it over ``path``:
     a crash or a full disk leaves the previous file whole."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -91,27 +106,97 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
+def _sync_folder(folder: Path) -> None:
+    """Makes the renames in ``folder`` durable (where the platform can open a folder)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, *, shared: bool = False):
+    """Holds the folder's save lock: exclusive for a save (one at a time, across threads
+    and processes), shared for a read (no save removes the tensor file it is reading). A
+    reader that cannot open the lock (a read-only folder) reads without it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: saves are not serialised across processes
+        yield
+        return
+    try:
+        handle = open(folder / _LOCK, "r" if shared else "a")
+    except OSError:
+        if not shared:
+            raise
+        yield
+        return
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _named_tensor_file(folder: Path) -> str | None:
+    """The tensor file ``egeria.json`` names now, where it is one a save wrote."""
+    try:
+        name = json.loads((folder / STATE_FILE).read_text())["tensors_file"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return name if isinstance(name, str) and _TENSORS.fullmatch(name) else None
+
+
 def write_state(state: dict, directory: str | os.PathLike[str]) -> None:
-    """Writes a JSON-safe state with encoded tensors as ``egeria.json`` + ``egeria-<id>.pt``."""
+    """Writes a JSON-safe state with encoded tensors as ``egeria.json`` + ``egeria-<id>.pt``
+    (see the module's docstring for what it removes: only its own files)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     meta = _split(state, tensors)
     name = f"egeria-{uuid.uuid4().hex[:12]}.pt"
-    _atomic_write(folder / name, lambda f: torch.save(tensors, f))
-    _atomic_write(folder / STATE_FILE, lambda f: f.write(json.dumps({"tensors_file": name, "state": meta}).encode()))
-    for old in folder.glob("egeria-*.pt"):
-        if old.name != name:
-            old.unlink(missing_ok=True)
+    with _locked(folder):
+        previous = _named_tensor_file(folder)
+        _atomic_write(folder / name, lambda f: torch.save(tensors, f))
+        try:
+            _atomic_write(folder / STATE_FILE, lambda f: f.write(json.dumps({"tensors_file": name, "state": meta}).encode()))
+        except BaseException:
+            (folder / name).unlink(missing_ok=True)  # never committed: ours, and no use to anyone
+            raise
+        _sync_folder(folder)
+        if previous is not None and previous != name:
+            (folder / previous).unlink(missing_ok=True)
+        for leftover in folder.iterdir():  # a crashed save's temporary files (we hold the lock)
+            if leftover.name.startswith(_TEMP_PREFIXES) and leftover.name.endswith(".tmp"):
+                leftover.unlink(missing_ok=True)
 
 
 def saved_steps(directory: str | os.PathLike[str]) -> int | None:
     """The optimizer steps of the Egeria state in ``directory`` (read from its JSON alone);
-    None where there is no readable one."""
+    None where there is no readable one, whatever is wrong with it."""
     try:
-        return int(json.loads((Path(directory) / STATE_FILE).read_text())["state"]["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+        steps = json.loads((Path(directory) / STATE_FILE).read_text())["state"]["steps"]
+    except Exception:  # noqa: BLE001 - any damage means "no state here"
         return None
+    return steps if type(steps) is int and 0 <= steps < 2**63 else None
+
+
+def _tensor_file(folder: Path, saved: Any) -> Path:
+    """The tensor file ``egeria.json`` names: a plain file directly inside ``folder``."""
+    name = saved.get("tensors_file") if isinstance(saved, dict) else None
+    if not isinstance(name, str) or not _TENSORS.fullmatch(name):
+        raise ValueError(f"egeria.json names the tensor file {name!r}, not egeria-<12 hex digits>.pt in the folder")
+    path = folder / name
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as err:
+        raise ValueError(f"the tensor file {name!r} that egeria.json names cannot be read: {err}") from err
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"the tensor file {name!r} that egeria.json names is not a plain file")
+    return path
 
 
 def read_state(directory: str | os.PathLike[str]) -> dict:
@@ -125,8 +210,13 @@ def read_state(directory: str | os.PathLike[str]) -> dict:
     if not (folder / STATE_FILE).is_file():
         raise FileNotFoundError(f"{folder} has no Egeria checkpoint: missing {STATE_FILE}")
     try:
-        saved = json.loads((folder / STATE_FILE).read_text())
-        tensors = torch.load(folder / saved["tensors_file"], map_location="cpu", weights_only=True)
-    except (json.JSONDecodeError, KeyError, TypeError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        with _locked(folder, shared=True):
+            saved = json.loads((folder / STATE_FILE).read_text())
+            tensors = torch.load(_tensor_file(folder, saved), map_location="cpu", weights_only=True)
+        if not isinstance(tensors, dict) or "state" not in saved:
+            raise ValueError("it does not hold a state and a dict of tensors")
+        return _join(saved["state"], tensors)
+    except ValueError as err:
         raise ValueError(f"the Egeria checkpoint in {folder} cannot be read: {err}") from err
-    return _join(saved["state"], tensors)
+    except (KeyError, TypeError, RuntimeError, EOFError, OSError, RecursionError, pickle.UnpicklingError) as err:
+        raise ValueError(f"the Egeria checkpoint in {folder} cannot be read: {err!r}") from err

@@ -113,7 +113,7 @@ def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]
     torch.manual_seed(seed)
     model = resnet(depth=20, in_channels=1, num_classes=10)
     if init is not None:
-        model.load_state_dict(torch.load(init, map_location="cpu"))
+        model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     steps = math.ceil(len(train) / 128)
     total = steps * epochs
@@ -183,7 +183,7 @@ def _finetune_mnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int
     test = load_mnist5k(split="test", limit=eval_limit)
     torch.manual_seed(seed)
     model = resnet(depth=20, in_channels=1, num_classes=10)
-    model.load_state_dict(torch.load(init, map_location="cpu"))
+    model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     steps = math.ceil(len(train) / 128)
     total = steps * epochs
