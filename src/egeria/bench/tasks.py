@@ -5,6 +5,16 @@ for one seed. ``resnet-fmnist`` trains ResNet-20 on Fashion-MNIST with two 10x
 learning-rate drops; ``transformer-ptb`` trains a 6-block Transformer LM on Penn Treebank
 with an inverse-square-root schedule; ``finetune-mnist`` fine-tunes the ResNet-20 that
 ``resnet-fmnist`` produced on the 5,000 MNIST digits with a linear decay.
+
+Issue 28's suite adds two tasks trained the way most recipes train today, with linear
+warm-up then cosine to 0 as one ``LambdaLR`` stepped per optimizer step
+(:mod:`egeria.bench.warmup_cosine`): ``vgg-fmnist``, a 7-convolution VGG-style net
+(:mod:`egeria.models.vgg`, no residual connections) on Fashion-MNIST with SGD and
+momentum and random crop + flip augmentation (:mod:`egeria.bench.augment` through
+:class:`egeria.cache.Augmented`, 4 fixed variants per image, so the activation cache stays
+exact); and ``transformer-ptb-cosine``, ``transformer-ptb``'s model and data with AdamW
+under warm-up + cosine. The suite's fine-tuning task runs through the Hugging Face
+``Trainer`` and lives in :mod:`egeria.bench.hf_finetune`.
 """
 
 from __future__ import annotations
@@ -126,10 +136,35 @@ def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]
 
 
 def _transformer_ptb(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
+    warmup = 400
+
+    def inverse_sqrt(opt: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LRScheduler:
+        def factor(step: int) -> float:
+            step += 1
+            return min(step / warmup, math.sqrt(warmup / step))
+
+        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+    return _ptb_lm("transformer-ptb", inverse_sqrt, seed=seed, epochs=epochs or 8, limit=limit, eval_limit=eval_limit)
+
+
+def _transformer_ptb_cosine(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
+    from .warmup_cosine import warmup_cosine
+
+    def schedule(opt: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LRScheduler:
+        # 400 warm-up steps as transformer-ptb (8% of the suite's 4,980), fewer in a short run.
+        return warmup_cosine(opt, min(400, total // 10), total)
+
+    return _ptb_lm("transformer-ptb-cosine", schedule, seed=seed, epochs=epochs or 6, limit=limit, eval_limit=eval_limit)
+
+
+def _ptb_lm(name, make_schedule, *, seed, epochs, limit, eval_limit) -> tuple[Task, int]:
+    """The 6-block Transformer LM on PTB windows of 35 tokens, batch 32, AdamW (peak LR
+    1e-3, weight decay 0.01), under ``make_schedule(optimizer, total_steps)``; validation
+    perplexity."""
     from ..data import LMWindows, load_ptb
     from ..models import TransformerLM, next_token_loss
 
-    epochs = epochs or 8
     corpus = load_ptb()
     train = LMWindows(corpus.train, 35)
     valid = LMWindows(corpus.valid, 35)
@@ -140,14 +175,8 @@ def _transformer_ptb(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, in
     torch.manual_seed(seed)
     model = TransformerLM(corpus.vocab_size, d_model=128, n_heads=4, n_layers=6, d_ff=512, max_len=64, dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    warmup = 400
-
-    def inverse_sqrt(step: int) -> float:
-        step += 1
-        return min(step / warmup, math.sqrt(warmup / step))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt)
     steps = math.ceil(len(train) / 32)
+    sched = make_schedule(opt, steps * epochs)
 
     def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         tokens, targets = batch
@@ -163,10 +192,54 @@ def _transformer_ptb(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, in
         return math.exp(total / count)
 
     task = Task(
-        "transformer-ptb", model, opt, sched, _loader(train, 32, seed), steps, lm_loss, perplexity,
+        name, model, opt, sched, _loader(train, 32, seed), steps, lm_loss, perplexity,
         "perplexity", False, epochs, _baseline_options(steps, epochs),
     )
     return task, epochs
+
+
+def _vgg_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
+    from ..cache import Augmented
+    from ..data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist
+    from ..models.vgg import vgg
+    from .augment import crop_flip
+    from .warmup_cosine import warmup_cosine
+
+    epochs = epochs or 10
+    train = load_fashion_mnist(split="train", limit=limit)
+    test = load_fashion_mnist(split="test", limit=eval_limit)
+    # Shifts of up to 2 pixels (the padding black, in normalised units) and left-right flips;
+    # 4 fixed variants per image, one drawn per epoch, so the activation cache stays exact.
+    black = -FASHION_MNIST_MEAN / FASHION_MNIST_STD
+    augmented = Augmented(train, crop_flip(2, fill=black), variants=4, seed=seed)
+    torch.manual_seed(seed)
+    model = vgg(in_channels=1, num_classes=10)
+    if init is not None:
+        model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    steps = math.ceil(len(train) / 128)
+    total = steps * epochs
+    sched = warmup_cosine(opt, max(1, total // 20), total)  # 5% warm-up
+    task = Task(
+        "vgg-fmnist", model, opt, sched, _epoch_loader(augmented, 128, seed), steps, classification_loss,
+        _accuracy(test), "accuracy", True, epochs, _baseline_options(steps, epochs),
+    )
+    return task, epochs
+
+
+def _epoch_loader(dataset, batch_size: int, seed: int) -> Callable[[], Iterable[Batch]]:
+    """:func:`_loader` over :class:`egeria.cache.Augmented` data: each call (one per epoch)
+    sets the data's epoch (0, 1, ...), which picks each image's variant; a loader wrapped by
+    the activation cache once sets the epoch itself on every pass, the same way."""
+    loader = _loader(dataset, batch_size, seed)()
+    calls = [0]
+
+    def batches() -> Iterable[Batch]:
+        dataset.set_epoch(calls[0])
+        calls[0] += 1
+        return loader
+
+    return batches
 
 
 def _finetune_mnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
@@ -210,4 +283,6 @@ TASKS: dict[str, Callable[..., tuple[Task, int]]] = {
     "resnet-fmnist": _resnet_fmnist,
     "transformer-ptb": _transformer_ptb,
     "finetune-mnist": _finetune_mnist,
+    "vgg-fmnist": _vgg_fmnist,
+    "transformer-ptb-cosine": _transformer_ptb_cosine,
 }
