@@ -51,10 +51,31 @@ PY
   say "could not commit $1"
 }
 
+commit_pretraining() {  # the encoder's pretraining record, once, when it appears
+  local record=$out/cpu/bert-ptb-bshift/pretraining.json msg summary
+  [ -f "$record" ] && [ "${NO_COMMIT:-0}" != 1 ] || return 0
+  git -C "$repo" ls-files --error-unmatch -- "$record" >/dev/null 2>&1 && return 0
+  summary=$("$repo/.venv/bin/python" - "$record" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+last = r["epochs"][-1]
+print(f"{r['steps']} steps, masked-word accuracy {last['valid_masked_accuracy']:.4f} on the validation text, "
+      f"{r['train_s']:.0f} s of training, code {str(r.get('code'))[:7]}")
+PY
+  ) || summary="(summary unreadable)"
+  msg="Results: the suite's BERT-style encoder pretrained on PTB (scripts/pretrain_ptb_bert.py, seed 0): $summary; $cpu, 2 cores; the weights stay out of git (the script makes them)"
+  git -C "$repo" add -- "$record" && git -C "$repo" commit -q -m "$msg" -- "$record" && say "committed $record"
+}
+
 for item in $queue; do
   task=${item%%:*} seed=${item##*:}
   json=$out/cpu/$task/none-seed$seed.json
   if [ -f "$json" ]; then say "skip $task seed $seed: $json exists"; continue; fi
+  # A run of this item already under way (started by an earlier runner): wait for it.
+  while pgrep -f -- "$task --policy none --seed $seed --layout cpu" >/dev/null; do
+    say "a run of $task seed $seed is under way: waiting for it"; sleep 120
+  done
+  if [ -f "$json" ]; then commit_run "$json" "$task" "$seed"; continue; fi
   until sync_code && grep -q "^\s*\[$task\]=" "$code/benchmarks/run_tta_full.sh"; do
     say "waiting for $task in the committed benchmarks/run_tta_full.sh"; sleep 60
   done
@@ -65,5 +86,6 @@ for item in $queue; do
   status=$?
   if [ -f "$json" ] && [ "${NO_COMMIT:-0}" = 1 ]; then say "wrote $json (not committed: NO_COMMIT=1)"
   elif [ -f "$json" ]; then commit_run "$json" "$task" "$seed"; else say "$task seed $seed failed (exit $status), no $json"; fi
+  commit_pretraining
 done
 say "queue done"
