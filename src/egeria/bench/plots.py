@@ -1,6 +1,7 @@
 """The report's figures, one PNG each per task, its layouts side by side (one panel each).
 
-- metric against training wall time, the target dotted (paper Figure 8);
+- metric against training wall time, the target dotted and the MLPerf-style target dashed
+  (paper Figure 8);
 - the share of parameters still trainable over steps (Figure 11);
 - the share of the backward pass's FLOPs still computed over steps, against the first
   step with nothing frozen: a CNN's front holds few of its parameters but many of its
@@ -91,6 +92,9 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
         target = data["layouts"][layout]["target"]
         if target is not None:
             ax.axhline(target, linestyle=":", color="black", label="target")
+        fair = data["layouts"][layout].get("mlperf_target")
+        if fair is not None:
+            ax.axhline(fair["target"], linestyle="--", color="gray", label="MLPerf-style target")
         ax.set_xlabel("training wall time (s)")
         ax.set_ylabel(metric)
         ax.set_title(f"{task}, layout {layout}: {metric} vs wall time")
