@@ -10,8 +10,10 @@
 # benchmarks/run_tta_full.sh (its sizes, LAYOUT=cpu, PLAIN_ONLY=1), writing
 # benchmarks/results/tta-full/cpu/<task>/none-seed<S>.json in this working tree; a run whose
 # JSON exists is skipped. A task the committed script does not size yet is waited for
-# (checked every minute). A finished run's JSON, and nothing else, is committed with the
-# task, seed, final metric, training time and CPU model in the message.
+# (checked every minute); a run of the same item already under way (an earlier runner's) is
+# waited for. A finished run's JSON, and nothing else, is committed with the task, seed,
+# final metric, training time, CPU model and the load average at its end in the message
+# (the runs' times are only as good as the machine was idle).
 #
 # QUEUE overrides the order, as "task:seed" words. A smoke test of the machinery:
 #   CODE=/tmp/smoke-code OUT_ROOT=/tmp/smoke-out NO_COMMIT=1 QUEUE=vgg-fmnist:0 \
@@ -41,7 +43,7 @@ final = run["final"]
 print(f"{run['metric']['name']} {final['metric']:.5g}, {final['wall_time_s']:.1f} s of training, code {str(run.get('code'))[:7]}")
 PY
   ) || summary="(summary unreadable)"
-  msg="Results: suite plain baseline $2 seed $3, cpu layout: $summary; $cpu, 2 cores (scripts/suite_baselines.sh)"
+  msg="Results: suite plain baseline $2 seed $3, cpu layout: $summary; $cpu, 2 cores; load average at its end $(cut -d' ' -f1-3 /proc/loadavg) (scripts/suite_baselines.sh)"
   for try in 1 2 3 4 5 6 7 8 9 10; do
     if git -C "$repo" add -- "$1" && git -C "$repo" commit -q -m "$msg" -- "$1"; then
       say "committed $1: $msg"; return 0
@@ -72,7 +74,7 @@ for item in $queue; do
   json=$out/cpu/$task/none-seed$seed.json
   if [ -f "$json" ]; then say "skip $task seed $seed: $json exists"; continue; fi
   # A run of this item already under way (started by an earlier runner): wait for it.
-  while pgrep -f -- "$task --policy none --seed $seed --layout cpu" >/dev/null; do
+  while pgrep -f -- "$task --policy none --seed $seed --layout cpu --out $out" >/dev/null; do
     say "a run of $task seed $seed is under way: waiting for it"; sleep 120
   done
   if [ -f "$json" ]; then commit_run "$json" "$task" "$seed"; continue; fi
