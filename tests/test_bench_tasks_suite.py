@@ -104,6 +104,7 @@ def test_suite_tasks_are_registered():
     assert {"vgg-fmnist", "transformer-ptb-cosine"} <= set(TASKS)
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_vgg_fmnist_is_seeded_and_augments_per_epoch():
     def first_batches(seed):
@@ -121,6 +122,7 @@ def test_vgg_fmnist_is_seeded_and_augments_per_epoch():
     assert 0.0 <= task.evaluate(task.model.eval()) <= 1.0
 
 
+@pytest.mark.slow
 @needs_ptb
 def test_transformer_ptb_cosine_schedule_ends_at_zero():
     task, epochs = build_task("transformer-ptb-cosine", seed=0, epochs=2, limit=64, eval_limit=4)

@@ -97,6 +97,7 @@ def test_ptb_sentences_follow_the_text():
         ps.sentences(corpus, "dev")
 
 
+@pytest.mark.slow
 @needs_ptb
 @needs_transformers
 def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path):
