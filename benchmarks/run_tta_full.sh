@@ -120,7 +120,7 @@ for task in $tasks; do
   run "$task" egeria 0 nocache
 done
 for task in $tasks; do
-  for policy in freezeout linear static autofreeze; do run "$task" "$policy" 0; done
+  for policy in freezeout linear static autofreeze smartfrz; do run "$task" "$policy" 0; done
 done
 # The grid's own runs (hand-run variants under $out/variants have their own reports).
 grid=()

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 FORMAT = 2
 """The run-file format written: 2 added ``layout`` and the backward FLOPs (format 1 had
 neither; :mod:`egeria.bench.report` reads both)."""
-POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "none")
+POLICY_NAMES = ("egeria", "freezeout", "autofreeze", "linear", "static", "smartfrz", "none")
 
 
 def run_bench(

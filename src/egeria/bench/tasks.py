@@ -275,6 +275,7 @@ def _baseline_options(steps_per_epoch: int, epochs: int) -> dict:
         "autofreeze": {"interval": max(1, steps_per_epoch // 2), "percentile": 50.0},
         "linear": {"start": 0.5, "final": 1.0},
         "static": {"count": 2, "at_step": steps_per_epoch * max(1, epochs // 2)},
+        "smartfrz": {},  # its defaults: 50 stages over the run, windows of 30 samples of 1,024 weights
         "none": {},
     }
 

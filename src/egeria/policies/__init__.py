@@ -1,7 +1,7 @@
 """Freezing policies: *when* to freeze; the engine decides *how* (the same for all).
 
 ``make_policy(name, **options)`` builds a baseline by name: ``"freezeout"``,
-``"autofreeze"``, ``"linear"``, ``"static"``, ``"none"``. ``"egeria"`` (the default) is
+``"autofreeze"``, ``"linear"``, ``"static"``, ``"smartfrz"``, ``"none"``. ``"egeria"`` (the default) is
 :class:`KnowledgeGuided`, built from the whole :class:`~egeria.EgeriaConfig`.
 """
 
@@ -13,6 +13,7 @@ from .autofreeze import AutoFreeze
 from .base import Binding, FreezePolicy, Move, StatelessPolicy, StepInfo, Target
 from .knowledge import KnowledgeGuided, derive_eval_interval
 from .schedules import FreezeOut, LinearSchedule, NoFreezing, StaticFreezing
+from .smartfrz import SmartFRZ
 
 __all__ = [
     "Binding",
@@ -28,6 +29,7 @@ __all__ = [
     "LinearSchedule",
     "NoFreezing",
     "StaticFreezing",
+    "SmartFRZ",
     "POLICIES",
     "make_policy",
 ]
@@ -39,6 +41,7 @@ POLICIES = {
     "autofreeze": AutoFreeze,
     "linear": LinearSchedule,
     "static": StaticFreezing,
+    "smartfrz": SmartFRZ,
 }
 
 
