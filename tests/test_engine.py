@@ -10,6 +10,7 @@ from torch import nn
 
 import egeria
 import egeria.serialization
+from egeria.saved_state import sealed, without_policy_state
 from tiny import Chain, batches, checkpointed, idle_step, quick_config, tiny_cnn, train
 
 
@@ -464,6 +465,7 @@ def test_a_checkpoint_without_a_controller_state_resumes_without_hanging():
     state = json.loads(json.dumps(eg.state_dict()))
     assert state["policy_state"]["link"]["generation"] > 0
     state["policy_state"]["link"]["controller"] = None
+    state = sealed(state)  # as that run would have saved it
     eg.close()
     again = egeria.Egeria(model, opt, config=quick_config(window=4), example_inputs=(torch.randn(4, 8),))
     again.load_state_dict(state)
@@ -538,7 +540,7 @@ def test_a_refused_state_changes_nothing_and_the_schedule_can_follow_a_load():
     state = json.loads(json.dumps(eg.state_dict()))
     assert state["total_steps"] is None
     with pytest.raises(ValueError, match="rank other than 0"):
-        eg.load_state_dict({**state, "policy_state": None})
+        eg.load_state_dict(without_policy_state(state))  # what a rank other than 0 saves
     assert (eg.steps, eg.frozen) == (steps, frozen)  # checked before anything was touched
 
     # A fresh Egeria that loads a state may still be given the run's length, and a saved
@@ -551,5 +553,8 @@ def test_a_refused_state_changes_nothing_and_the_schedule_can_follow_a_load():
     eg2.set_schedule(total_steps=500)
     assert eg2.total_steps == 500
     eg3 = egeria.Egeria(model2, opt2, config=quick_config(), example_inputs=(torch.randn(2, 8),))
-    eg3.load_state_dict({**state, "total_steps": 300})
+    edited = {k: v for k, v in state.items() if k != "digest"}  # edited by hand: no digest, checked by field
+    eg3.load_state_dict({**edited, "total_steps": 300})
+    with pytest.raises(ValueError, match="state.digest .* changed or damaged"):
+        eg3.load_state_dict({**state, "total_steps": 300})
     assert eg3.total_steps == 300

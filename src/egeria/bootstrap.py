@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .statecheck import Spec, boolean, items, number, record
+
 __all__ = ["BootstrapMonitor"]
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,13 @@ class BootstrapMonitor:
     def state_dict(self) -> dict:
         pending = [v for v in map(float, self.pending) if math.isfinite(v)]
         return {"change_rate": self.change_rate, "means": list(self.means), "done": self.done, "pending": pending}
+
+    @staticmethod
+    def state_spec() -> Spec:
+        return record(
+            {"change_rate": number(0), "means": items(number(), most=2), "done": boolean, "pending": items(number())},
+            optional=("means", "done", "pending"),
+        )
 
     @classmethod
     def from_state(cls, state: dict) -> BootstrapMonitor:

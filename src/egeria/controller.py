@@ -54,6 +54,7 @@ from .reference import ReferenceModel
 from .rule import FrontRule
 from .serialization import decode_tensor, encode_tensor
 from .similarity import Gram, sp_loss
+from .statecheck import Spec, StateError, encoded_tensor, index_keys, integer, items, mapping, nested, number, optional, record, sequence
 from .threads import limited_threads
 from .truncated import outputs_until
 from .weights import as_mapping
@@ -297,6 +298,26 @@ class Controller:
             "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
         }
 
+    @staticmethod
+    def state_spec(partition: Partition, weights: Mapping[str, torch.Tensor], generation: int) -> Spec:
+        """What :meth:`state_dict` output holds, saved beside a link at ``generation``
+        (the controller had taken every restart the link sent: the same generation), for
+        ``partition`` of a model whose state is ``weights``."""
+        modules = len(partition)
+        probe_leaf = nested(_probe_leaf)
+        return record(
+            {
+                "generation": integer(generation, generation),
+                "frozen": integer(0, partition.freezable),
+                **FrontRule.state_fields(modules),
+                "readings_since_refresh": integer(0),
+                "floors": mapping(number(0), keys=index_keys(0, modules - 1)),
+                "reference": optional(ReferenceModel.state_spec(partition, weights)),
+                "probe": optional(sequence(items(probe_leaf), mapping(probe_leaf))),
+            },
+            optional=("carried", "settled_in_phase", "floors"),
+        )
+
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
         self.generation = int(state["generation"])
         self.frozen = int(state["frozen"])
@@ -320,11 +341,28 @@ class Controller:
             )
             self.restart(self.generation, self.frozen, self.rule.window)
         elif saved is not None:
-            self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
-            self.reference.load_state_dict(saved, weights)
+            try:
+                reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
+                reference.load_state_dict(saved, weights)
+            except (ValueError, RuntimeError) as err:  # a calibration that fits no block of this model
+                logger.warning(
+                    "the saved reference cannot be rebuilt (%s): it is rebuilt at the next evaluation and "
+                    "the modules' readings start afresh", err,
+                )
+                self.restart(self.generation, self.frozen, self.rule.window)
+            else:
+                self.reference = reference
 
     def _name(self, index: int) -> str:
         return self.partition.modules[index].name
+
+
+def _probe_leaf(value: object, path: str) -> None:
+    """A saved probe holds tensors and plain values (the call's other arguments)."""
+    if isinstance(value, dict):
+        encoded_tensor()(value, path)
+    elif value is not None and type(value) not in (bool, int, float, str):
+        raise StateError(path, value, "is not a tensor or a plain value")
 
 
 def _is_encoded(value: object) -> bool:

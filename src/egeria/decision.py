@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+from .statecheck import Spec, integer, items, optional, record, text
 
 __all__ = ["Decision", "ACTIONS"]
 
@@ -43,6 +46,21 @@ class Decision:
             "reason": self.reason,
             "evaluated_at": self.evaluated_at,
         }
+
+    @staticmethod
+    def state_spec(modules: Sequence[str], steps: int) -> Spec:
+        """What :meth:`to_dict` output holds in a state saved at ``steps`` over layer
+        modules named ``modules``."""
+        return record(
+            {
+                "step": integer(0, steps),
+                "action": text(ACTIONS),
+                "modules": items(text(modules)),
+                "reason": text(),
+                "evaluated_at": optional(integer(0, steps)),
+            },
+            optional=("modules", "reason", "evaluated_at"),
+        )
 
     @classmethod
     def from_dict(cls, entry: dict) -> Decision:

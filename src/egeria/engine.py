@@ -45,7 +45,9 @@ from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
 from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
+from .saved_state import check_saved_state, policy_state_spec, sealed
 from .serialization import read_state, write_state
+from .statecheck import check
 from .stepcount import OptimizerSteps
 from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
 from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
@@ -462,6 +464,21 @@ class Egeria:
             self._trace.remove()
             self._trace_end.remove()
 
+    def _computed_partition(self) -> Partition | None:
+        """This model's layer modules (capped), where the first forward pass has ended."""
+        order = self._finished_order()
+        if order is None:
+            return None
+        return self._capped(
+            build_partition(
+                self.model,
+                self._blocks,
+                order,
+                max_modules=self.config.max_modules,
+                user_chosen=chosen_modules(self.model, self.config.modules),
+            )
+        )
+
     def _require_partition(self, what: str) -> Partition:
         if self._partition_error is not None:
             raise ValueError(str(self._partition_error)) from self._partition_error
@@ -473,15 +490,7 @@ class Egeria:
                     "pass: call it after a forward pass (or pass example_inputs= to Egeria)"
                 )
             try:
-                self._partition = self._capped(
-                    build_partition(
-                        self.model,
-                        self._blocks,
-                        order,
-                        max_modules=self.config.max_modules,
-                        user_chosen=chosen_modules(self.model, self.config.modules),
-                    )
-                )
+                self._partition = self._computed_partition()
             except ValueError as err:
                 logger.error("Egeria cannot split this model into layer modules: %s", err)
                 self._partition_error = err
@@ -523,7 +532,7 @@ class Egeria:
         """
         self._check_open()
         prefix = self._bind()
-        return {
+        return sealed({
             "format": _STATE_FORMAT,
             "config": self.config.to_dict(),
             "partition": prefix.partition.to_state(),
@@ -534,7 +543,7 @@ class Egeria:
             "policy": self.policy.name,
             # Under torchrun only rank 0 runs the policy; the other ranks' states lack it.
             "policy_state": self.policy.state_dict() if self._decides else None,
-        }
+        })
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Writes :meth:`state_dict` into ``directory`` as ``egeria.json`` (a few numbers
@@ -561,34 +570,40 @@ class Egeria:
         """Restores :meth:`state_dict` output. Load the model's and optimizer's checkpoint
         first: the frozen modules and the reference are rebuilt from the model's weights.
 
+        The whole state is checked against this model first (every field's type and
+        range, the partition, the tensors' shapes and dtypes, the policy's state), so a
+        state it refuses leaves this Egeria as it was.
+
         Raises:
-            ValueError: when the state does not fit this model or was made by another format.
+            ValueError: naming the field that does not fit this model or this format.
         """
         self._check_open()
-        if state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"Egeria state format {state.get('format')!r} is not {_STATE_FORMAT}")
-        if state["policy"] != self.policy.name:
-            raise ValueError(f"the state was saved by the {state['policy']!r} policy, this Egeria runs {self.policy.name!r}")
+        partition, context = check_saved_state(
+            state,
+            model=self.model,
+            format=_STATE_FORMAT,
+            policy=self.policy.name,
+            decides=self._decides,
+            current=self._partition if self._partition is not None else self._computed_partition(),
+            cap=self._capped,
+        )
+        if self._decides:
+            check(state["policy_state"], policy_state_spec(self.policy, context), "state.policy_state")
         changed = {k: (v, state["config"].get(k)) for k, v in self.config.to_dict().items() if state["config"].get(k) != v}
         if changed:
             logger.warning("Egeria config differs from the saved one (now, saved): %s", changed)
-        partition = self._capped(Partition.from_state(self.model, state["partition"]))
-        if self._partition is not None and partition.names != self._partition.names:
-            raise ValueError(f"saved layer modules {partition.names} differ from {self._partition.names}")
-        if self._decides and state["policy_state"] is None:
-            raise ValueError("this Egeria state was saved on a rank other than 0, which does not run the policy; load rank 0's")
         # Checked: nothing above changed this Egeria; from here on it takes the state.
         if self.total_steps is None and state.get("total_steps") is not None:
-            self.total_steps = int(state["total_steps"])
+            self.total_steps = state["total_steps"]
         self._release()
         if self._trace is not None:
             self._trace.remove()
             self._trace_end.remove()
         self._partition, self._prefix = partition, None
-        self.steps = int(state["steps"])
+        self.steps = state["steps"]
         self.events = [Decision.from_dict(e) for e in state["events"]]
         prefix = self._bind()
-        prefix.move_to(int(state["frozen"]))
+        prefix.move_to(state["frozen"])
         if self._decides:
             self.policy.load_state_dict(state["policy_state"])
         self._counter.settle()

@@ -17,11 +17,13 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from .decision import Decision
 from .device import HostCopy, LocalCopy, as_float32
 from .executors import ControllerStartError, Executor, ThreadExecutor
 from .protocol import Readout, Request, Result, result_from_json, result_to_json
 from .service import ControllerSpec
 from .similarity import Gram
+from .statecheck import Spec, anything, integer, items, mapping, number, optional, record, text
 from .weights import ModuleKeys
 
 __all__ = ["ControllerLink"]
@@ -335,6 +337,41 @@ class ControllerLink:
             "pending": [result_to_json(r) for r in self._pending],
             "history": list(self.history),
         }
+
+    @staticmethod
+    def state_spec(controller: Callable[[int], Spec], modules: list[str], steps: int) -> Spec:
+        """What :meth:`state_dict` output holds; ``controller(generation)`` is the spec of
+        the controller's state saved beside a link at that generation, ``modules`` the
+        layer modules' names, ``steps`` the step it was saved at."""
+        decision = Decision.state_spec(modules, steps)
+
+        def spec(value: Any, path: str) -> None:
+            generation = value.get("generation") if isinstance(value, dict) else None
+            result = record(
+                {
+                    "seq": integer(0),
+                    "generation": integer(0, generation if type(generation) is int else None),
+                    "step": integer(0, steps),
+                    "module": integer(0, len(modules) - 1),
+                    "readings": items(mapping(anything)),
+                    "decision": optional(decision),
+                    "note": text(),
+                    "seconds": number(0),
+                    "waited_s": number(0),
+                }
+            )
+            record(
+                {
+                    "controller": optional(controller(generation if type(generation) is int else -1)),
+                    "generation": integer(0),
+                    "seq": integer(0),
+                    "newly_frozen": items(integer(0, len(modules) - 1)),
+                    "pending": items(result),
+                    "history": items(mapping(anything)),
+                }
+            )(value, path)
+
+        return spec
 
     def load_state_dict(self, saved: dict, state: Mapping[str, torch.Tensor], frozen: int) -> None:
         self.generation = int(saved["generation"])

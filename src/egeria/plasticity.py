@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .statecheck import Spec, boolean, integer, items, number, optional, record
+
 __all__ = ["Reading", "ModuleWatch", "least_squares_slope"]
 
 # Slopes this small next to the plasticity itself are rounding noise of the moving
@@ -159,3 +161,27 @@ class ModuleWatch:
     @classmethod
     def from_state(cls, state: dict) -> ModuleWatch:
         return cls(**state)
+
+    @staticmethod
+    def state_spec() -> Spec:
+        """What :meth:`state_dict` output holds (fields added later may be absent)."""
+        values = items(number())
+        return record(
+            {
+                "window": integer(1, 10**6),
+                "tolerance_ratio": number(0),
+                "floor_ratio": optional(number(0)),
+                "raw": values,
+                "smoothed": values,
+                "first_slopes": values,
+                "tolerance": optional(number(0)),
+                "stale": integer(0),
+                "readings": integer(0),
+                "lr": optional(number(0)),
+                "straddling": boolean,
+                "floors": items(number(0)),
+                "quiet": integer(0),
+            },
+            optional=("floor_ratio", "raw", "smoothed", "first_slopes", "tolerance", "stale", "readings",
+                      "lr", "straddling", "floors", "quiet"),
+        )

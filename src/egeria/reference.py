@@ -29,6 +29,7 @@ from .partition import Partition
 from .placement import model_device
 from .quantization import CONV_TYPES, StaticInt8, bf16_block, dynamic_int8, has_layers, int8_unavailable
 from .serialization import decode_tensor, encode_tensor
+from .statecheck import Spec, encoded_tensor, integer, items, keyed, mapping, nested, number, record, sequence, text
 from .threads import limited_threads
 from .truncated import outputs_until, run_until
 from .weights import ModuleKeys, float_snapshot
@@ -272,6 +273,30 @@ class ReferenceModel:
             # both bf16 kinds compute the same numbers; each machine loads its faster one
             "kinds": {b: "bf16" if k == "bf16-rounded" else k for b, k in self.kinds.items() if b in upto_blocks},
         }
+
+    @staticmethod
+    def state_spec(partition: Partition, weights: Mapping[str, torch.Tensor]) -> Spec:
+        """What :meth:`state_dict` output holds for ``partition`` of a model whose state is
+        ``weights``: its tensors are that model's, of exactly their shapes (fp32 where the
+        model's are floating point), its blocks are the partition's."""
+        blocks = text([b for m in partition.modules for b in m.blocks])
+        tensors = {
+            key: encoded_tensor(value.shape, torch.float32 if value.is_floating_point() else value.dtype)
+            for key, value in weights.items()
+        }
+
+        dims = items(integer(0, 2**40), most=16)
+        return record(
+            {
+                "precision": text(("int8", "bf16", "fp32")),
+                "upto": integer(-1, len(partition) - 1),
+                "final": items(integer(0, len(partition) - 1), unique=True),
+                "tensors": keyed(tensors, "names no tensor of this model"),
+                "observers": mapping(mapping(nested(number())), keys=blocks),
+                "input_specs": mapping(items(sequence(dims, text(pattern=r"[a-z0-9]+"))), keys=blocks),
+                "kinds": mapping(text(("fp32", "int8-static", "int8-dynamic", "bf16", "bf16-rounded")), keys=blocks),
+            }
+        )
 
     @torch.no_grad()
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:

@@ -13,6 +13,7 @@ import statistics
 from typing import Sequence
 
 from .plasticity import ModuleWatch, Reading
+from .statecheck import Spec, index_keys, integer, items, mapping, number
 
 __all__ = ["FrontRule"]
 
@@ -177,6 +178,19 @@ class FrontRule:
             "peaks": {str(i): v for i, v in self.peaks.items()},
             "carried": sorted(self.carried),
             "settled_in_phase": sorted(self.settled_in_phase),
+        }
+
+    @staticmethod
+    def state_fields(modules: int) -> dict[str, Spec]:
+        """The fields :meth:`state_dict` writes, for a partition of ``modules`` modules."""
+        index = index_keys(0, modules - 1)
+        indices = items(integer(0, modules - 1), unique=True)
+        return {
+            "window": integer(1, 10**6),
+            "watches": mapping(ModuleWatch.state_spec(), keys=index),
+            "peaks": mapping(number(0), keys=index),
+            "carried": indices,
+            "settled_in_phase": indices,
         }
 
     def load_state_dict(self, state: dict) -> None:

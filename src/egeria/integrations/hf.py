@@ -56,6 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..serialization import STATE_FILE as _EGERIA_FILE
+from ..saved_state import without_policy_state
 from ..serialization import saved_steps
 
 try:
@@ -175,7 +176,7 @@ class EgeriaCallback(TrainerCallback):
                     return "error", f"Egeria's state in {folder} cannot be resumed: {err}"
                 logger.info("Egeria resumed at step %d with %s frozen from %s", self.egeria.steps, self.egeria.frozen, folder)
                 # The other ranks do not run the policy: they need all but its state.
-                return "loaded", {**self.egeria.state_dict(), "policy_state": None}
+                return "loaded", without_policy_state(self.egeria.state_dict())
         logger.warning(
             "resuming at step %d, but no Egeria state of that step in %s: Egeria starts afresh and counts steps "
             "from 0; pass EgeriaCallback(resume_from=<the checkpoint folder>)",

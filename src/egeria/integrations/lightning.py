@@ -58,6 +58,7 @@ from ..config import EgeriaConfig
 from ..decision import Decision
 from ..engine import Egeria
 from ..policies import FreezePolicy
+from ..saved_state import without_policy_state
 from ..unfreezing import UnfreezeRule
 
 try:
@@ -158,7 +159,7 @@ class EgeriaCallback(pl.Callback):
         # (all but the policy's state, which only rank 0 runs).
         eg = self.egeria
         pending = self._pending if eg._decides else None
-        shared = eg._from_rank0(None if not pending else {**pending, "policy_state": None}, "EgeriaCallback's resume")
+        shared = eg._from_rank0(None if not pending else without_policy_state(pending), "EgeriaCallback's resume")
         if shared:
             eg.load_state_dict(pending if eg._decides else shared)
             logger.info("Egeria resumed at step %d with %s frozen", eg.steps, eg.frozen)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import check_int
+from ..saved_state import SavedContext
+from ..statecheck import Spec, items, number, optional, record
 from .base import Binding, StepInfo
 
 __all__ = ["AutoFreeze"]
@@ -108,6 +110,12 @@ class AutoFreeze:
 
     def state_dict(self) -> dict:
         return {"previous": self.previous, "sums": [float(s) for s in self._sums]}
+
+    def state_spec(self, context: SavedContext) -> Spec:
+        """A saved state fits a model of ``len(context.partition)`` modules."""
+        count = len(context.partition)
+        per_module = items(number(0), length=count)
+        return record({"previous": optional(per_module), "sums": per_module})
 
     def load_state_dict(self, state: dict) -> None:
         self.previous = state["previous"]

@@ -18,9 +18,12 @@ from torch import nn
 
 from ..decision import Decision
 from ..partition import Partition
+from ..statecheck import record
 
 if TYPE_CHECKING:
     from ..lr_schedule import LRSchedule
+    from ..saved_state import SavedContext
+    from ..statecheck import Spec
 
 __all__ = ["StepInfo", "Binding", "Move", "FreezePolicy", "StatelessPolicy"]
 
@@ -123,7 +126,12 @@ class FreezePolicy(Protocol):
         """JSON-safe state for checkpoints."""
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores :meth:`state_dict` output."""
+        """Restores :meth:`state_dict` output, which :meth:`state_spec` took first."""
+
+    # Optional: ``state_spec(context) -> Spec`` (:mod:`egeria.statecheck`), what a saved
+    # state must hold to fit ``context`` (:class:`egeria.saved_state.SavedContext`); the
+    # engine checks the whole state with it before anything loads. A policy without it
+    # gets its own load_state_dict's errors.
 
 
 class StatelessPolicy:
@@ -142,6 +150,9 @@ class StatelessPolicy:
 
     def load_state_dict(self, state: dict) -> None:
         return None
+
+    def state_spec(self, context: SavedContext) -> Spec:
+        return record({})
 
 
 def require_total_steps(info: StepInfo, policy: str) -> float:

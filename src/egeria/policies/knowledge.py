@@ -29,12 +29,15 @@ from .. import device
 from ..bootstrap import BootstrapMonitor
 from ..budget import CostBudget
 from ..config import EgeriaConfig
+from ..controller import Controller
 from ..decision import Decision
 from ..device import HostCopy, LocalCopy, handoff
 from ..executors import Executor, make_executor
 from ..hooks import mark
 from ..link import ControllerLink
 from ..nested import first_tensor, leaves, map_tensors
+from ..saved_state import SavedContext
+from ..statecheck import Spec, boolean, integer, number, optional, record, text
 from ..placement import controller_threads, reference_home, resolve_executor, resolve_precision
 from ..service import ControllerSpec
 from ..similarity import gram_of
@@ -402,6 +405,30 @@ class KnowledgeGuided:
             "last_decay_passed_at": self._lifted_at,
             "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
         }
+
+    def state_spec(self, context: SavedContext) -> Spec:
+        """What :meth:`state_dict` output holds for the partition, step and model of
+        ``context`` (fields added later may be absent, as in older checkpoints)."""
+        partition, steps = context.partition, context.steps
+
+        def controller(generation: int) -> Spec:
+            return Controller.state_spec(partition, context.weights, generation)
+
+        return record(
+            {
+                "stage": text(("bootstrap", "guided")),
+                "window": integer(1, 10**6),
+                "eval_interval": optional(integer(1, 2**63 - 1)),
+                "bootstrap": BootstrapMonitor.state_spec(),
+                "lr_at_freeze": optional(number(0)),
+                "freeze_step": optional(integer(0, steps)),
+                "budget_checked": boolean,
+                "decays_ahead": optional(integer(0)),
+                "last_decay_passed_at": optional(integer(0, steps)),
+                "link": ControllerLink.state_spec(controller, partition.names, steps),
+            },
+            optional=("decays_ahead", "last_decay_passed_at"),
+        )
 
     def load_state_dict(self, state: dict) -> None:
         assert self._binding is not None and self.link is not None
