@@ -51,3 +51,46 @@ def test_a_model_the_cap_leaves_room_in_does_not_warn(caplog):
         train(model, opt, eg, batches(1) * 6)
     eg.close()
     assert _warnings(caplog) == []
+
+
+def _told(caplog, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and words in r.getMessage()]
+
+
+def test_a_state_loaded_again_does_not_repeat_the_warning(caplog):
+    torch.manual_seed(0)
+    model = EqualLayers()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(max_frozen_params=0.25))
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * 6)
+        eg.load_state_dict(eg.state_dict())
+    eg.close()
+    assert len(_warnings(caplog)) == 1
+
+
+def test_a_controller_that_never_reads_warns_once_with_its_notes(caplog):
+    """Readings that are never finite (here the stem's eval-mode output is NaN, as an
+    overflowing reference would give): after ten answers without one, a warning."""
+    torch.manual_seed(0)
+    model = Chain()
+    model.stem[0].register_forward_hook(lambda module, args, out: out if module.training else out * float("nan"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * 40)
+    eg.close()
+    assert eg.frozen == [] and eg.history == []
+    found = _told(caplog, "without a plasticity reading")
+    assert len(found) == 1 and "non-finite" in found[0] and "reference_precision='fp32'" in found[0], found
+
+
+def test_a_run_that_reads_does_not_warn_of_missing_readings(caplog):
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * 40)
+    eg.close()
+    assert eg.history and _told(caplog, "without a plasticity reading") == []

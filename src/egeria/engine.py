@@ -162,6 +162,7 @@ class Egeria:
         self._planned = False  # a step ran: total_steps is fixed
         self._cache: Any = None  # an egeria.cache.ActivationCache once cache_loader() is called
         self._closed = False
+        self._told_nothing_freezes = False
         self._lr_at = lr_schedule
         self._schedule = ScheduleWatch()  # the run's learning-rate schedule, read once (egeria.lr_schedule)
         self.set_schedule(total_steps=total_steps, lr_scheduler=lr_scheduler)
@@ -500,15 +501,29 @@ class Egeria:
     def _capped(self, partition: Partition) -> Partition:
         """``partition`` with at most ``config.max_frozen`` freezable modules and, under
         Egeria's own policy, holding at most ``config.max_frozen_params`` of the parameters
-        (a rule setting: a baseline or a policy object of the user's is not capped by it)."""
+        (a rule setting: a baseline or a policy object of the user's is not capped by it).
+        Where the cap leaves nothing to freeze, one WARNING says why and what to change
+        (a model of one layer module, or max_frozen=0, is refused outright)."""
         if self.config.max_frozen is not None:
             partition.freezable = min(partition.freezable, self.config.max_frozen)
         if self.config.max_frozen_params is not None and isinstance(self.policy, KnowledgeGuided):
             allowed = partition.leading_within(self.model, self.config.max_frozen_params)
             if allowed == 0 < partition.freezable:
-                _warn_nothing_can_freeze(self.model, partition, self.config.max_frozen_params)
+                sizes = partition.parameter_sizes(self.model)
+                self._nothing_can_freeze(
+                    f"its first layer module {partition.modules[0].name!r} holds "
+                    f"{100 * sizes[0] / max(sum(sizes), 1):.0f}% of the parameters, above "
+                    f"EgeriaConfig.max_frozen_params={self.config.max_frozen_params:g}; raise max_frozen_params, "
+                    "or pass modules= naming smaller layer modules"
+                )
             partition.freezable = min(partition.freezable, allowed)
         return partition
+
+    def _nothing_can_freeze(self, why: str) -> None:
+        """The one warning of a run in which no module can ever freeze."""
+        if not self._told_nothing_freezes:
+            self._told_nothing_freezes = True
+            logger.warning("Egeria can freeze nothing in this model: %s", why)
 
     def _finished_order(self) -> list[str] | None:
         """The blocks' execution order once the first forward pass has ended, else None."""
@@ -686,17 +701,6 @@ def _submodule(model: nn.Module, module: Any) -> nn.Module:
     if ddp_of(wrappers) is not None:
         raise ValueError("module= must not be wrapped in DistributedDataParallel; wrap the whole model instead")
     return inner
-
-
-def _warn_nothing_can_freeze(model: nn.Module, partition: Partition, share: float) -> None:
-    """The one warning of a run whose cap leaves nothing to freeze: a first layer module
-    that alone holds more than ``share`` of the parameters."""
-    sizes = partition.parameter_sizes(model)
-    logger.warning(
-        "Egeria can freeze nothing in this model: its first layer module %r holds %.0f%% of the parameters, above "
-        "EgeriaConfig.max_frozen_params=%g; raise max_frozen_params, or pass modules= naming smaller layer modules",
-        partition.modules[0].name, 100 * sizes[0] / max(sum(sizes), 1), share,
-    )
 
 
 def _checked_loss(loss: Any) -> torch.Tensor | float | None:

@@ -99,6 +99,9 @@ class ControllerLink:
         self._fallback_due: str | None = None  # a replacement decided in a forward hook
         self._warned = False
         self._starved_warned = False
+        self.unread: dict[str, int] = {}  # answers without a reading, by the controller's note
+        self.read = 0  # answers with readings
+        self._unread_warned = False
 
     @property
     def usable(self) -> bool:
@@ -249,6 +252,7 @@ class ControllerLink:
             if result.generation != self.generation:
                 continue
             self.history.extend(result.readings)
+            self._count_reading(result)
             if result.decision is None or result.module != frozen + taken:
                 continue
             if step - result.step > max_lag:
@@ -265,6 +269,30 @@ class ControllerLink:
         self._newly_frozen.extend(range(frozen, frozen + taken))  # applied by the worker now
         self._warn_starved()
         return accepted
+
+    def _count_reading(self, result: Result) -> None:
+        """Counts an answer with or without readings; one WARNING when the controller has
+        answered ``_STARVED_AFTER`` evaluations and none held a reading: nothing can freeze."""
+        if result.readings:
+            self.read += 1
+            return
+        note = result.note or "none"
+        self.unread[note] = self.unread.get(note, 0) + 1
+        if self._unread_warned or self.read or sum(self.unread.values()) < _STARVED_AFTER:
+            return
+        self._unread_warned = True
+        notes = ", ".join(f"{count} {why}" for why, count in sorted(self.unread.items()))
+        hint = (
+            " Non-finite readings mean the model's outputs or the reference's hold inf or NaN: check the loss, or "
+            "try EgeriaConfig(reference_precision='fp32')."
+            if "non-finite" in self.unread
+            else ""
+        )
+        logger.warning(
+            "Egeria can freeze nothing yet: its controller answered %d evaluations without a plasticity reading (%s), "
+            "and a module freezes only on its readings.%s",
+            sum(self.unread.values()), notes, hint,
+        )
 
     def _warn_starved(self) -> None:
         """One WARNING once most evaluations tried were dropped (the controller still busy
