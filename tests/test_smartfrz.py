@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -170,13 +171,13 @@ def test_decisions_go_front_to_back(motion_weights):
     # The moving front module holds every module behind it.
     model, opt, eg = smartfrz_run(motion_weights, params=lambda m: list(m.stem[0].parameters()))
     assert train(model, opt, eg, batches(3 * WINDOW, seed=2)) == []
-    assert eg.policy.stage == 3 and eg.policy.probabilities[0] < 0.5 < min(eg.policy.probabilities[1:])
+    assert eg.policy.stages_run == 3 and eg.policy.probabilities[0] < 0.5 < min(eg.policy.probabilities[1:])
 
 
 def test_nothing_is_predicted_before_a_window_is_full(motion_weights):
     model, opt, eg = smartfrz_run(motion_weights, params=lambda m: list(m.head.parameters()))
     assert train(model, opt, eg, batches(WINDOW - 1, seed=2)) == []
-    assert eg.policy.stage == 0
+    assert eg.policy.stages_run == 0
 
 
 def test_resume_equals_uninterrupted_run(motion_weights):
@@ -201,7 +202,7 @@ def test_resume_equals_uninterrupted_run(motion_weights):
     sched2.load_state_dict(saved_sched)
     eg2.load_state_dict(saved[2])
     assert train(model2, opt2, eg2, data[cut:], scheduler=sched2) == rest
-    assert eg2.policy.probabilities == eg.policy.probabilities and eg2.policy.stage == eg.policy.stage
+    assert eg2.policy.probabilities == eg.policy.probabilities and eg2.policy.stages_run == eg.policy.stages_run
 
 
 def test_a_bad_checkpoint_field_is_a_value_error_naming_it(motion_weights):
@@ -227,6 +228,13 @@ def test_a_bad_checkpoint_field_is_a_value_error_naming_it(motion_weights):
     with pytest.raises(ValueError, match=r"windows\[0\]"):
         eg.load_state_dict(wide)
     eg.load_state_dict(good)  # the undamaged state still loads
+    # The same check, for an engine that checks a whole state before loading any of it.
+    spec = eg.policy.state_spec(SimpleNamespace(partition=eg.partition))
+    spec(good["policy_state"], "state.policy_state")
+    damaged = copy.deepcopy(good["policy_state"])
+    damaged["window"] = WINDOW + 1
+    with pytest.raises(ValueError, match=re.escape(f"SmartFRZ state field window = {WINDOW + 1}")):
+        spec(damaged, "state.policy_state")
 
 
 def test_shipped_weights_load_and_match_their_checksum(tmp_path):
@@ -264,6 +272,7 @@ def test_default_policy_binds_the_shipped_predictor():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="smartfrz"), total_steps=50)
     train(model, opt, eg, batches(2, seed=1))
+    assert eg.stage == "guided"  # the engine's stage names Egeria's rule's phases, not SmartFRZ's count
     assert eg.policy._predictor is not None and eg.policy.plan(
         StepInfo(step=1, total_steps=50, frozen=0, freezable=6, lr=0.1)
     ) == (1, 1)

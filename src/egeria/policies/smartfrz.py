@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -77,7 +77,7 @@ class SmartFRZ:
     seed: int = 0
     weights: str | None = None
     name: str = "smartfrz"
-    stage: int = 0
+    stages_run: int = 0  # freezing stages run so far ("stage" in the saved state)
     probabilities: list[float] = field(default_factory=list)
     _predictor: AttentionPredictor | None = field(default=None, repr=False)
     _samples: list[ModuleSample] = field(default_factory=list, repr=False)
@@ -146,7 +146,7 @@ class SmartFRZ:
             ready.append(index)
         if not ready:
             return None
-        self.stage += 1
+        self.stages_run += 1
         windows = normalise_window(torch.stack([self._windows.stacked(i) for i in ready]))
         with torch.no_grad():
             probabilities = self._predictor(windows).softmax(dim=1)[:, 1].tolist()
@@ -157,7 +157,7 @@ class SmartFRZ:
         for index in ready[:count]:
             self._windows.clear(index)  # frozen: its weights no longer move
         shown = ", ".join(f"{p:.2f}" for p in probabilities[:count])
-        return Move(info.frozen + count, f"smartfrz stage {self.stage}: predictor p(freeze) {shown}")
+        return Move(info.frozen + count, f"smartfrz stage {self.stages_run}: predictor p(freeze) {shown}")
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -169,13 +169,24 @@ class SmartFRZ:
             "seed": self.seed,
             "size": self.size,
             "window": self.window,
-            "stage": self.stage,
+            "stage": self.stages_run,
             "probabilities": list(self.probabilities),
             "windows": [
                 encode_tensor(self._windows.stacked(i)) if self._windows.snapshots[i] else None
                 for i in range(len(self._samples))
             ],
         }
+
+    def state_spec(self, context: Any) -> Callable[[Any, str], None]:
+        """The check :meth:`load_state_dict` runs, for an engine that checks a whole saved
+        state before loading any of it: ``spec(state, path)`` raises ``ValueError`` naming
+        the first bad field of a state that does not fit ``context.partition``."""
+        modules = context.partition.freezable
+
+        def spec(state: Any, path: str) -> None:
+            _checked_state(state, self.seed, self.size, self.window, modules)
+
+        return spec
 
     def load_state_dict(self, state: dict) -> None:
         """Restores :meth:`state_dict` output after checking all of it.
@@ -186,7 +197,7 @@ class SmartFRZ:
         """
         assert self._windows is not None, "SmartFRZ.load_state_dict before bind"
         windows = _checked_state(state, self.seed, self.size, self.window, len(self._samples))
-        self.stage = state["stage"]
+        self.stages_run = state["stage"]
         self.probabilities = [float(p) for p in state["probabilities"]]
         self._windows = Windows(len(self._samples), self.window)
         for index, held in enumerate(windows):
