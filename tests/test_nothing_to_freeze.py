@@ -25,7 +25,7 @@ class EqualLayers(nn.Module):
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "freeze nothing" in r.getMessage()]
+    return _told(caplog, "freeze nothing")
 
 
 def test_a_first_module_over_the_cap_warns_once_naming_it_and_the_setting(caplog):

@@ -74,16 +74,20 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
+def _within(value: float, path: str, lo: float | None, hi: float | None) -> None:
+    if lo is not None and value < lo:
+        raise StateError(path, value, f"is below {lo}")
+    if hi is not None and value > hi:
+        raise StateError(path, value, f"is above {hi}")
+
+
 def integer(lo: int | None = None, hi: int | None = None) -> Spec:
     """An int (not a bool) in ``[lo, hi]``."""
 
     def spec(value: Any, path: str) -> None:
         if not _is_int(value):
             raise StateError(path, value, "is not an integer")
-        if lo is not None and value < lo:
-            raise StateError(path, value, f"is below {lo}")
-        if hi is not None and value > hi:
-            raise StateError(path, value, f"is above {hi}")
+        _within(value, path, lo, hi)
 
     return spec
 
@@ -94,10 +98,7 @@ def number(lo: float | None = None, hi: float | None = None) -> Spec:
     def spec(value: Any, path: str) -> None:
         if type(value) not in (int, float) or not math.isfinite(value):
             raise StateError(path, value, "is not a finite number")
-        if lo is not None and value < lo:
-            raise StateError(path, value, f"is below {lo}")
-        if hi is not None and value > hi:
-            raise StateError(path, value, f"is above {hi}")
+        _within(value, path, lo, hi)
 
     return spec
 
