@@ -8,7 +8,7 @@ process on the others).
 The three arms train at once, each in its own process, taking turns every ``--turn`` steps
 (``egeria.turns``), so the machine's drift falls on all three; the order of the arms within
 a round rotates with ``--rounds``. Egeria runs its default configuration with
-``settle_ratio`` and ``floor_ratio`` set so that nothing freezes (its readings, controller and
+``horizon`` and ``floor_ratio`` set so that nothing freezes before its last step (its readings, controller and
 cost budget run as usual).
 
     .venv/bin/python benchmarks/cache_overhead.py [--steps 300] [--turn 10] [--rounds 2] [--layout cpu]
@@ -70,7 +70,7 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict) -> dict:
     )
     eg = None
     if name != "plain":
-        never = EgeriaConfig(settle_ratio=1e-12, floor_ratio=0, **overrides)  # evaluates as usual, freezes nothing
+        never = EgeriaConfig(horizon=1e-12, floor_ratio=0, **overrides)  # evaluates as usual, freezes nothing before the end
         eg = Egeria(model, optimizer, config=never, lr_scheduler=scheduler, total_steps=prepared.total_steps)
         if name == "egeria-cache":
             loader = eg.cache_loader(loader)

@@ -3,7 +3,7 @@ training, in one layout (issue 10's goal: at most 2% CPU-only, at most 1% accel)
 
 Both arms train ResNet-20 on the same Fashion-MNIST slice from the same seed, alternating
 plain, Egeria, plain, Egeria... so that the machine's drift within the session falls on
-both. Egeria runs its default configuration with ``settle_ratio`` set so low that no
+both. Egeria runs its default configuration with ``horizon`` set so low (and ``floor_ratio`` off) that no
 module ever freezes (its readings, controller and cost budget all run as usual).
 
     .venv/bin/python benchmarks/eval_overhead.py --layout accel [--steps 400] [--repeats 2] [--cache]
@@ -45,7 +45,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             times = {}
             for policy in ("none", "egeria"):
-                overrides = {"settle_ratio": 1e-12} if policy == "egeria" else None
+                overrides = {"horizon": 1e-12, "floor_ratio": 0} if policy == "egeria" else None
                 run = run_bench(
                     "resnet-fmnist", policy, seed=0, epochs=2, out_dir=f"{tmp}/{repeat}", layout=args.layout,
                     limit=limit, eval_limit=1000, overrides=overrides, cache=args.cache and policy == "egeria",

@@ -45,7 +45,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for fixed in (False, True):
             overrides = {
-                "rule": "egeria", "eval_interval": 5, "probe_size": 64, "settle_ratio": 1e-12,
+                "rule": "egeria", "eval_interval": 5, "probe_size": 64, "horizon": 1e-12, "floor_ratio": 0,
                 "fixed_probe": fixed, "executor": "inline", "cost_budget": None,
             }
             run = run_bench("resnet-fmnist", "egeria", seed=0, epochs=4, out_dir=f"{tmp}/{fixed}", layout="cpu",

@@ -1,73 +1,129 @@
-"""Replays Egeria's freezing rule on the plasticity readings a run recorded, under other
-settings of the rule: when would each module have frozen?
+"""Replays Egeria's freezing rule on the plasticity readings runs recorded: when would each
+module have frozen under the criterion of the drift still to come (issue 28), at each
+``horizon``, on a step schedule, a linear decay in fine-tuning and a language model's
+inverse-square-root schedule?
 
 The readings of a run do not depend on the rule until its first freeze (the rule only
-reads), so up to that step a replay gives exactly what a run with other rule settings
-would have read and decided. After it the recorded readings come from a model whose front
-was frozen, so the replay stops there: a module that would not have frozen by then is
-reported as such ("not by step N"). The run must have read every module
-it replays at each evaluation (``rule="egeria"``; ``watch_span`` None reads them all).
+reads), so up to that step a replay gives exactly what a run with other rule settings would
+have read and decided. After it the recorded readings come from a model whose front was
+frozen, so the replay stops there: a module that would not have frozen by then is reported
+as such ("not by step N"). The runs read every module at each evaluation (``rule="egeria"``).
 
 It runs the library's own rule (:class:`egeria.rule.FrontRule`), front first as the
-controller does: a module freezes at the first evaluation where it and every module
-before it have settled. The learning rate of each reading is the one the run recorded,
-or, for runs made before readings carried it, the task's own schedule.
+controller does: a module freezes at the first evaluation where it and every module before
+it have settled. Each reading gets the learning-rate mass of its interval (the sum of the
+learning rates since the previous reading) and the mass still ahead, from the run's
+schedule (:class:`egeria.lr_schedule.LRSchedule`); the floors it recorded where it recorded
+them (``floor_ratio``).
 
-    .venv/bin/python benchmarks/rule_replay.py \\
-        benchmarks/results/tta-full/variants/regimes-max-frozen-5/accel/resnet-fmnist/egeria-cache-seed0.json
+    .venv/bin/python benchmarks/rule_replay.py
 
-Prints the command, the run, and for each setting the step each module would freeze at;
-writes ``benchmarks/results/rule_replay/<run stem>.json``.
+Prints the command, the machine and, per run and horizon, the step each module would freeze
+at with the share of the run's learning-rate mass still ahead there, beside the step the run
+itself froze it; writes ``benchmarks/results/rule_replay/criterion.json``. No training: it
+reads committed results (seconds).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import shlex
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/rule_replay"
+HORIZONS = (0.01, 0.003, 0.001, 0.0003)
+WINDOW, TOLERANCE_RATIO, FLOOR_RATIO = 3, 0.2, 8.0  # the default rule's
+
+# The runs replayed, with how their schedules are known: the task's own scheduler, or
+# (for runs whose task cannot be rebuilt without its data or starting weights) the
+# schedule written out.
+RUNS = {
+    "demo seed 0 (MultiStepLR, /10 at 50% and 75%)": (
+        "benchmarks/results/reading_floor/demo-seed0-history.json",
+        (800, lambda i: 0.1 if i < 400 else 0.01 if i < 600 else 0.001),
+    ),
+    "resnet-fmnist seed 0 (MultiStepLR, full length)": ("benchmarks/results/tta-full/cpu/resnet-fmnist/egeria-cache-seed0.json", None),
+    "resnet-fmnist seed 1 (MultiStepLR, full length)": ("benchmarks/results/tta-full/cpu/resnet-fmnist/egeria-cache-seed1.json", None),
+    "finetune-mnist seed 0 (linear decay, pretrained)": (
+        "benchmarks/results/tta-full/cpu/finetune-mnist/egeria-cache-seed0.json", (1600, lambda i: 0.01 * (1 - i / 1600)),
+    ),
+    "finetune-mnist seed 1 (linear decay, pretrained)": (
+        "benchmarks/results/tta-full/cpu/finetune-mnist/egeria-cache-seed1.json", (1600, lambda i: 0.01 * (1 - i / 1600)),
+    ),
+    "transformer-ptb seed 0 (inverse square root)": ("benchmarks/results/tta-full/cpu/transformer-ptb/egeria-cache-seed0.json", None),
+}
 
 
-def schedule(run: dict) -> dict[int, float]:
-    """Step -> the learning rate that step trained at, from the task's own scheduler."""
+def schedule_of(run: dict, written):
+    from egeria.lr_schedule import read_schedule, schedule_from
+
+    if written is not None:
+        steps, lr_at = written
+        return schedule_from(lr_at, steps)
     from egeria.bench.tasks import task_of_run
 
     task = task_of_run(run)
-    rates = {}
-    for step in range(1, run["total_steps"] + 1):
-        rates[step] = task.optimizer.param_groups[0]["lr"]
-        task.optimizer.step()  # no gradients: nothing moves; keeps the scheduler's order check quiet
-        task.scheduler.step()
-    return rates
+    return read_schedule(task.scheduler, task.optimizer, run["total_steps"])
 
 
-def replay(run: dict, rates: dict[int, float], *, window: int, settle_ratio: float | None, regimes: bool,
-           max_frozen: int | None, until: int | None) -> dict[str, int | None]:
-    """Module -> the step of the evaluation at which it would freeze (None: not by step
-    ``until``, the last step replayed; None: to the end)."""
+class RawFloors:
+    """The floors a run measured, from the smoothed ones its rows recorded (the mean of the
+    last W floors since the learning rate last changed 2x or more, as
+    :class:`egeria.plasticity.ModuleWatch` keeps them): each raw floor is W times the
+    smoothed one less the W - 1 raw floors before it."""
+
+    def __init__(self) -> None:
+        self.raws: dict[str, list[float]] = defaultdict(list)
+        self.lrs: dict[str, float] = {}
+
+    def raw(self, module: str, smoothed: float | None, lr: float) -> float | None:
+        from egeria.plasticity import REGIME_CHANGE
+
+        previous = self.lrs.get(module)
+        self.lrs[module] = lr
+        if previous and lr > 0 and max(lr / previous, previous / lr) >= REGIME_CHANGE:
+            self.raws[module] = []
+        if smoothed is None:
+            return None
+        before = self.raws[module][-(WINDOW - 1):]
+        value = max((len(before) + 1) * smoothed - sum(before), 0.0)
+        self.raws[module].append(value)
+        return value
+
+
+def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, int | None]:
+    """Module -> the step of the evaluation at which it would freeze (None: not by ``until``)."""
     from egeria.rule import FrontRule
 
-    modules = run["modules"]
-    limit = len(modules) - 1 if max_frozen is None else min(max_frozen, len(modules) - 1)
-    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    modules = []
+    by_step: dict[int, dict[str, dict]] = defaultdict(dict)
     for row in run["plasticity"]:
-        by_step[row["step"]][row["module"]] = row["plasticity"]
-    rule = FrontRule(window, run["config"]["tolerance_ratio"], settle_ratio=settle_ratio, regimes=regimes)
-    frozen_at: dict[str, int | None] = {m: None for m in modules[:limit]}
-    front = 0
+        if row["module"] not in modules:
+            modules.append(row["module"])
+        by_step[row["step"]][row["module"]] = row
+    rule = FrontRule(WINDOW, TOLERANCE_RATIO, horizon=horizon, regimes=True, floor_ratio=FLOOR_RATIO)
+    floors = RawFloors()
+    frozen_at: dict[str, int | None] = {m: None for m in modules}
+    front, previous = 0, None
     for step in sorted(by_step):
         if until is not None and step > until:
             break
         readings = by_step[step]
-        watched = [i for i in range(front, limit) if modules[i] in readings]
+        watched = [i for i in range(front, len(modules)) if modules[i] in readings]
+        # Steps count from 1: the reading of step s spans steps previous+1 .. s, whose
+        # learning rates are the schedule's entries previous .. s-1.
+        mass = None if previous is None else schedule.lr_sum(previous, step)
+        previous = step
         if not watched or watched[0] != front:
             continue  # the run did not read the front module here
         for i in watched:
-            rule.read(i, readings[modules[i]], rates.get(step))
+            row = readings[modules[i]]
+            lr = schedule.lr(step - 1)
+            floor = floors.raw(modules[i], row.get("floor"), lr)
+            rule.read(i, row["plasticity"], lr, floor, mass=mass, ahead=schedule.lr_sum(step))
         count = rule.settled_front(watched)
         for i in watched[:count]:
             frozen_at[modules[i]] = step
@@ -77,42 +133,43 @@ def replay(run: dict, rates: dict[int, float], *, window: int, settle_ratio: flo
     return frozen_at
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run JSON whose readings cover every module replayed")
-    parser.add_argument("--windows", default="10,7,5,3", help="W values to replay (default 10,7,5,3)")
-    parser.add_argument("--settle", default=None, help="settle_ratio values to replay (default: the run's own)")
-    args = parser.parse_args()
-    command = " ".join([".venv/bin/python", "benchmarks/rule_replay.py", *sys.argv[1:]])
-    print(command)
-    run = json.loads(args.run.read_text())
-    config = run["config"]
-    if config.get("rule") != "egeria":
-        raise SystemExit(f"{args.run}: rule {config.get('rule')!r}: the replay needs a run that read every module (rule='egeria')")
-    rows = run["plasticity"]
-    rates = {r["step"]: r["lr"] for r in rows if r.get("lr") is not None} or schedule(run)
-    first = next((e for e in run["events"] if e["action"] == "freeze"), None)
-    print(f"run: {args.run} ({len(rows)} readings; its own first freeze: "
-          f"{'none' if first is None else str(first['modules']) + ' at step ' + str(first['step'])})")
-    until = None if first is None else first["step"]
-    never = "never" if until is None else f"not by {until}"
-    settles = [config["settle_ratio"]] if args.settle is None else [float(v) for v in args.settle.split(",")]
+def main() -> int:
+    from egeria.machine import describe_machine
+
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/rule_replay.py", *sys.argv[1:]])
+    print("command:", command)
+    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
     results = []
-    for settle in settles:
-        for window in (int(w) for w in args.windows.split(",")):
-            for regimes in (False, True):
-                frozen = replay(run, rates, window=window, settle_ratio=settle, regimes=regimes,
-                                max_frozen=config["max_frozen"], until=until)
-                results.append({"window": window, "settle_ratio": settle, "regimes": regimes, "frozen_at": frozen})
-                steps = ", ".join(f"{m} {never if v is None else v}" for m, v in frozen.items())
-                averaging = "new regime at an LR change" if regimes else "one average throughout"
-                print(f"settle {settle}  W={window:<3} {averaging:27} {steps}")
+    for name, (path, written) in RUNS.items():
+        run = json.loads((ROOT / path).read_text())
+        schedule = schedule_of(run, written)
+        first = next((e for e in run.get("events", []) if e.get("action") == "freeze"), None)
+        until = None if first is None else first["step"]
+        own = {m: e["step"] for e in run.get("events", []) if e.get("action") == "freeze" for m in e["modules"]}
+        print(f"\n{name}: {path}\n  {schedule.total_steps} steps; the run's own freezes (old rule): "
+              f"{own or 'none'}; replayed {'to the end' if until is None else 'until step ' + str(until)}")
+        entry = {"run": name, "path": path, "total_steps": schedule.total_steps, "replayed_until": until,
+                 "own_freezes": own, "horizons": {}}
+        for horizon in HORIZONS:
+            frozen = replay(run, schedule, horizon, until)
+            cells = []
+            for module, step in frozen.items():
+                if step is None:
+                    cells.append(f"{module} {'never' if until is None else 'not by ' + str(until)}")
+                else:
+                    cells.append(f"{module} {step} ({schedule.mass_ahead(step):.2%} ahead)")
+            entry["horizons"][str(horizon)] = {
+                m: None if s is None else {"step": s, "mass_share_ahead": schedule.mass_ahead(s)} for m, s in frozen.items()
+            }
+            print(f"  horizon {horizon:<7g}" + "; ".join(cells))
+        results.append(entry)
     OUT.mkdir(parents=True, exist_ok=True)
-    target = OUT / f"{args.run.parent.parent.parent.name}-{args.run.stem}.json"
-    target.write_text(json.dumps({"command": command, "run": str(args.run), "max_frozen": config["max_frozen"],
-                                  "replayed_until": until, "results": results}, indent=1))
-    print(f"wrote {target}")
+    target = OUT / "criterion.json"
+    target.write_text(json.dumps({"command": command, "window": WINDOW, "floor_ratio": FLOOR_RATIO,
+                                  "results": results}, indent=1))
+    print(f"\nwrote {target}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

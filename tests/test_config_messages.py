@@ -15,7 +15,8 @@ CASES = [
     # shares: a value over 1 is refused for being over 1, not for being "> 0"
     ({"cost_budget": 1.5}, "EgeriaConfig.cost_budget=1.5 must be at most 1 (a share of training time"),
     ({"max_frozen_params": 2}, "EgeriaConfig.max_frozen_params=2 must be at most 1 (a share of the model's parameters"),
-    ({"settle_ratio": 1.5}, "EgeriaConfig.settle_ratio=1.5 must be at most 1 (a share of a module's highest level"),
+    ({"horizon": 1.5}, "EgeriaConfig.horizon=1.5 must be at most 1 (a share of a module's largest drift still to come"),
+    ({"horizon": 0}, "EgeriaConfig.horizon=0 must be > 0"),
     ({"cpu_threshold": 2}, "EgeriaConfig.cpu_threshold=2 must be at most 1 (a share of the machine's CPU time"),
     # positive numbers: zero, negative, not finite, not a number
     ({"cost_budget": 0}, "EgeriaConfig.cost_budget=0 must be > 0"),
@@ -29,7 +30,7 @@ CASES = [
     ({"controller_timeout": math.inf}, "EgeriaConfig.controller_timeout=inf must be finite (a number of seconds > 0)"),
     # ratios where 0 means off
     ({"floor_ratio": -1.0}, "EgeriaConfig.floor_ratio=-1.0 must be >= 0"),
-    ({"ceiling_ratio": math.inf}, "EgeriaConfig.ceiling_ratio=inf must be finite (a number >= 0; 0: off)"),
+    ({"floor_ratio": math.inf}, "EgeriaConfig.floor_ratio=inf must be finite (a number >= 0; 0: off)"),
     ({"floor_ratio": "8"}, "EgeriaConfig.floor_ratio='8' must be a number >= 0; 0: off, not str"),
     # the unfreeze factor: inf is allowed, so "finite" is never the complaint
     ({"unfreeze_lr_drop": 1.0}, "EgeriaConfig.unfreeze_lr_drop=1.0 must be > 1 (the factor"),
@@ -69,7 +70,7 @@ def test_a_freeze_policy_object_in_the_config_is_pointed_to_egeria():
     [
         {"cost_budget": 1},
         {"max_frozen_params": 1.0},
-        {"settle_ratio": 1.0},
+        {"horizon": 1.0},
         {"cpu_threshold": 1},
         {"tolerance_ratio": 2.0},
         {"bootstrap_change_rate": 1.5},

@@ -189,27 +189,26 @@ def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, mode, split):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize(
-    "split, last, interval",
-    # held between the decays; at the last decay, before the reading spanning it; the same
-    # where the readings' n-step grid starts again at the step after that decay
-    [(40, 50, 1), (50, 50, 1), (80, 80, 7)],
-)
-def test_resume_while_a_freeze_is_held_equals_uninterrupted_run(split, last, interval):
+@pytest.mark.parametrize("split", [20, 45])
+def test_resume_under_egerias_criterion_equals_uninterrupted_run(split):
+    """The outlooks, the mass at the reference's refresh and the schedule read from the
+    scheduler go through a checkpoint: a run resumed before the first freeze, or between
+    the decays, decides as the uninterrupted one."""
     def fresh():
         torch.manual_seed(0)
         model = Chain()
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, last], gamma=0.1)
-        config = quick_config(rule="egeria", unfreeze_lr_drop=None, wait_for_last_decay=True, eval_interval=interval)
-        return model, opt, sched, egeria.Egeria(model, opt, config=config, lr_scheduler=sched)
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 50], gamma=0.1)
+        config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=0.05, floor_ratio=0, eval_interval=2)
+        return model, opt, sched, egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=70)
 
-    data = batches(1) * (last + 20)
+    data = batches(1) * 70
     model, opt, sched, eg = fresh()
     train(model, opt, eg, data[:split], scheduler=sched)
     saved = (*checkpointed(model, opt, eg), copy.deepcopy(sched.state_dict()))
     rest = train(model, opt, eg, data[split:], scheduler=sched)
-    assert rest and all(d.step > last for d in rest), "the test needs the held freeze after the checkpoint"
+    assert rest and all(d.step > split for d in rest), "the test needs a freeze after the checkpoint"
+    assert any(row["outlook_share"] is not None for row in eg.history)
 
     model2, opt2, sched2, eg2 = fresh()
     model2.load_state_dict(saved[0])
@@ -254,10 +253,10 @@ def _params_of(model, eg, module_name):
         ("cpu_threshold", 1.5),
         ("controller_timeout", 0),
         ("max_lag_intervals", 0),
-        ("wait_for_last_decay", "yes"),
+        ("horizon", 0.0),
+        ("horizon", float("nan")),
         ("floor_ratio", -1.0),
-        ("ceiling_ratio", float("inf")),
-        ("ceiling_ratio", 4.0),  # below the default floor_ratio of 8
+        ("floor_ratio", float("inf")),
     ],
 )
 def test_invalid_config_names_field_and_value(field, value):

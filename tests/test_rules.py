@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import egeria
-from egeria.decays import decays_ahead
 from egeria.executors import InlineExecutor
 from egeria.protocol import Readout, Request
 from egeria.reference import ReferenceModel
-from egeria.rule import FrontRule
+from egeria.rule import FrontRule, Outlook
 from egeria.service import ControllerSpec
 from egeria.weights import float_snapshot
 from fakes import Recorder
@@ -23,13 +22,13 @@ from tiny import Chain, batches, quick_config, train
 
 
 def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision: str = "fp32",
-                floor_ratio: float | None = None, ceiling_ratio: float | None = None):
+                floor_ratio: float | None = None, horizon: float | None = None):
     torch.manual_seed(0)
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     spec = ControllerSpec(
-        partition, float_snapshot(model), precision, window, 0.2, 1, 1, None, span, fixed_probe,
-        floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio,
+        partition, float_snapshot(model), precision, window=window, tolerance_ratio=0.2, refresh_every=1, threads=1,
+        cpu_threshold=None, span=span, fixed_probe=fixed_probe, floor_ratio=floor_ratio, horizon=horizon,
     )
     return model, partition, InlineExecutor(spec)
 
@@ -143,21 +142,9 @@ def test_after_every_freeze_the_next_module_is_read_again(span):
     eg.close()
 
 
-@pytest.mark.parametrize("ratio, freezes", [(None, True), (1.0, True), (0.5, False)])
-def test_settle_ratio_holds_a_flat_module_whose_level_is_still_at_its_peak(ratio, freezes):
-    model, partition, executor = _controller(span=1, precision="bf16")  # bf16: readings above 0
-    executor.service.controller.rule.settle_ratio = ratio
-    x = torch.randn(16, 8)
-    results = [_evaluate(executor, model, seq, x) for seq in range(1, 9)]
-    # Constant readings (same weights, same batch): flat from the start, always at their peak.
-    assert results[1].readings[0]["plasticity"] > 0
-    assert any(r.decision is not None for r in results) is freezes
-    assert all(row["peak"] == row["smoothed"] for r in results for row in r.readings)
-
-
-def test_a_module_that_does_not_move_reads_its_floor_and_freezes_though_it_never_fell_from_its_peak():
-    model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=2.0)
-    executor.service.controller.rule.settle_ratio = 0.5  # holds a module at its peak (test above)
+def test_a_module_that_does_not_move_reads_its_floor_and_freezes_though_no_schedule_says_how_much_is_ahead():
+    # horizon set and no schedule known: no outlook, so the slope test alone freezes nothing
+    model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=2.0, horizon=0.5)
     x = torch.randn(16, 8)
     results = [_evaluate(executor, model, seq, x) for seq in range(1, 7)]
     # Same weights, same batch: each reading compares the reference with the weights it was
@@ -186,8 +173,7 @@ def _evaluate_moving(executor, model, evaluations: int) -> list:
 
 
 def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
-    model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0)
-    executor.service.controller.rule.settle_ratio = 0.5
+    model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0, horizon=0.5)
     results = _evaluate_moving(executor, model, evaluations=8)
     rows = [row for r in results[2:] for row in r.readings]
     assert all(row["plasticity"] > 100 * row["floor"] for row in rows)
@@ -196,7 +182,7 @@ def test_a_module_that_moves_reads_far_above_its_floor_and_is_never_quiet():
     assert set(state["floors"]) == {"0", "1"}
 
 
-def test_a_checkpoint_with_a_reference_of_another_precision_restarts_the_watches_and_keeps_the_peaks(caplog):
+def test_a_checkpoint_with_a_reference_of_another_precision_restarts_the_watches_and_keeps_the_outlooks(caplog):
     model, partition, executor = _controller(span=2, precision="bf16", floor_ratio=2.0)
     _evaluate_moving(executor, model, evaluations=5)
     saved = json.loads(json.dumps(executor.service.controller.state_dict(dict(model.state_dict()))))
@@ -207,38 +193,9 @@ def test_a_checkpoint_with_a_reference_of_another_precision_restarts_the_watches
         controller.load_state_dict(saved, dict(model.state_dict()))
     assert "readings start afresh" in caplog.text
     assert controller.reference is None and controller.rule.watches == {} and controller.floors == {}
-    assert controller.rule.peaks == {int(i): v for i, v in saved["peaks"].items()} != {}
-
-
-@pytest.mark.parametrize("floor_ratio, ceiling_ratio", [(2.0, None), (None, 10.0)])
-def test_a_module_far_above_its_floor_is_held_by_the_ceiling_however_flat_its_slope(floor_ratio, ceiling_ratio):
-    model, partition, executor = _controller(span=1, precision="bf16", floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio)
-    executor.service.controller.rule.tolerance_ratio = 1e9  # every slope is within tolerance
-    results = _evaluate_moving(executor, model, evaluations=8)
-    rows = [row for r in results[2:] for row in r.readings]
-    # Floors are measured for either ratio (the ceiling alone too), and the module moves:
-    # it reads more than 100x its floor, so a ceiling of 10x holds what the slope freezes.
-    assert all(row["plasticity"] > 100 * row["floor"] for row in rows)
-    assert all(row["above_ceiling"] is (ceiling_ratio is not None) for row in rows)
-    frozen = [r.decision for r in results if r.decision is not None]
-    assert (frozen == []) is (ceiling_ratio is not None)
-
-
-def test_the_ceiling_releases_a_module_once_its_drift_is_within_it_and_stops_a_carry_over():
-    rule = FrontRule(window=3, tolerance_ratio=0.2, regimes=True, ceiling_ratio=100.0)
-    for _ in range(6):  # flat at 1,000x the floor: stale, but held
-        reading = rule.read(0, 1.0, lr=0.1, floor=1e-3)
-    assert reading.stale >= 3 and rule.above_ceiling(0) and not rule.settled(0)
-    rule.read(0, 1.0, lr=0.01)  # the rate falls 10x: a module held by the ceiling carries nothing over
-    rule.read(0, 1.0, lr=0.01, floor=1e-3)
-    assert not rule.carried_over(0) and not rule.settled(0)
-    for _ in range(3):  # the floor rises to 1/50 of the reading: within the ceiling
-        rule.read(0, 1.0, lr=0.01, floor=0.02)
-    assert not rule.above_ceiling(0) and rule.settled(0)
-    no_floor = FrontRule(window=3, tolerance_ratio=0.2, ceiling_ratio=100.0)
-    for _ in range(6):
-        no_floor.read(0, 1.0)
-    assert not no_floor.above_ceiling(0) and no_floor.settled(0)  # no floor known: the ceiling holds nothing
+    largest = {int(i): o["largest"] for i, o in saved["outlooks"].items()}
+    assert {i: o.largest for i, o in controller.rule.outlooks.items()} == largest
+    assert all(o.paces == [] for o in controller.rule.outlooks.values())
 
 
 @pytest.mark.parametrize("rule", ["egeria", "paper"])
@@ -248,7 +205,7 @@ def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_a
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     drop_at = 40
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[drop_at], gamma=0.1)
-    config = quick_config(rule=rule, settle_ratio=1e-12)  # reads every step, never freezes
+    config = quick_config(rule=rule, horizon=1e-12, floor_ratio=0)  # no schedule known: reads, never freezes
     eg = egeria.Egeria(model, opt, config=config)
     train(model, opt, eg, batches(1) * 60, scheduler=sched)
     history = eg.history
@@ -274,7 +231,8 @@ def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whate
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     refresh_every = 1000  # only the build, and the reading spanning the change
-    spec = ControllerSpec(partition, float_snapshot(model), "fp32", 3, 0.2, refresh_every, 1, None, 2, False, regimes=regimes)
+    spec = ControllerSpec(partition, float_snapshot(model), "fp32", window=3, tolerance_ratio=0.2,
+                          refresh_every=refresh_every, threads=1, cpu_threshold=None, span=2, regimes=regimes)
     executor = InlineExecutor(spec)
     refreshed = []
     original = ReferenceModel.refresh
@@ -290,36 +248,62 @@ def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whate
     assert refreshed == ([1, 5] if regimes else [1])
 
 
-def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_peaks_across_restarts():
-    rule = FrontRule(window=2, tolerance_ratio=0.2, settle_ratio=0.5)
-    for value in (1.0, 1.0, 1.0, 1.0, 1.0):  # module 1: flat, but at its peak: never settled
-        rule.read(1, value)
-    for value in (4.0, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4):  # module 0: flat, well under its peak
-        rule.read(0, value)
+def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_the_largest_outlook_across_restarts():
+    rule = FrontRule(window=2, tolerance_ratio=0.2, horizon=0.1)
+    for k in range(6):  # module 1: flat, with half the run's mass still ahead: not settled
+        rule.read(1, 1.0, mass=0.01, ahead=0.5)
+    for ahead in (0.9, 0.5, 0.1, 0.05, 0.05, 0.05):  # module 0: flat, the mass ahead runs out
+        rule.read(0, 1.0, mass=0.01, ahead=ahead)
+    assert rule.outlook(0).largest == pytest.approx(90.0) and rule.outlook(0).share == pytest.approx(0.05 / 0.9)
     assert rule.settled(0) and not rule.settled(1)
     assert rule.settled_front([0, 1]) == 1 and rule.settled_front([1, 0]) == 0
     rule.forget_before(1)
-    assert set(rule.watches) == {1} and rule.peak(0) == 4.0  # its first average, the highest
+    assert set(rule.watches) == set(rule.outlooks) == {1}
     rule.restart(window=3)
-    assert rule.watches == {} and rule.window == 3 and rule.peak(1) == 1.0
+    assert rule.watches == {} and rule.window == 3 and rule.outlook(1).largest == 50.0 and rule.outlook(1).paces == []
     copy = FrontRule(window=9, tolerance_ratio=0.2)
-    copy.load_state_dict(rule.state_dict())
-    assert copy.window == 3 and copy.peaks == rule.peaks
+    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert copy.window == 3 and copy.outlook(1).largest == 50.0
+
+
+def test_the_outlook_is_the_median_pace_times_the_mass_ahead_against_the_largest_it_had():
+    outlook = Outlook(window=3)
+    assert outlook.pace is None and outlook.value is None and outlook.share is None
+    outlook.add(2.0, mass=0.1, ahead=0.8)  # pace 20, outlook 16
+    outlook.add(9.0, mass=0.1, ahead=0.6)  # one reading far above: paces 20, 90 -> median 55
+    assert outlook.pace == pytest.approx(55.0) and outlook.value == pytest.approx(33.0)
+    outlook.add(1.0, mass=0.1, ahead=0.4)  # paces 20, 90, 10: median 20, outlook 8
+    assert outlook.pace == pytest.approx(20.0) and outlook.largest == pytest.approx(33.0)
+    assert outlook.share == pytest.approx(8.0 / 33.0)
+    outlook.add(1.0, mass=0.0, ahead=0.2)  # an interval without mass (a learning rate of 0) adds no pace
+    assert outlook.paces == pytest.approx([20.0, 90.0, 10.0]) and outlook.value == pytest.approx(4.0)
+    outlook.add(1.0, mass=None, ahead=None)  # the schedule unknown: no outlook
+    assert outlook.value is None and outlook.share is None
+    outlook.restart()
+    assert outlook.paces == [] and outlook.largest == pytest.approx(33.0)
+
+
+@pytest.mark.parametrize("horizon, settles", [(None, True), (1.0, True), (0.5, False)])
+def test_without_a_known_schedule_only_the_slope_test_or_the_floor_can_settle_a_module(horizon, settles):
+    rule = FrontRule(window=3, tolerance_ratio=0.2, horizon=horizon)
+    for _ in range(8):  # flat: stale from the 4th reading
+        rule.read(0, 1.0)
+    assert rule.watches[0].stale >= 3 and rule.settled(0) is settles
 
 
 def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_rule():
     default = egeria.EgeriaConfig()
     assert default.rule == "egeria"
-    assert (default.window, default.settle_ratio, default.unfreeze_lr_drop, default.max_frozen_params) == (
-        3, 0.03, math.inf, 0.25
+    assert (default.window, default.horizon, default.unfreeze_lr_drop, default.max_frozen_params) == (
+        3, 0.001, math.inf, 0.25
     )
-    assert (default.floor_ratio, default.ceiling_ratio) == (8.0, 300.0)
+    assert default.floor_ratio == 8.0
     paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
-    assert (paper.window, paper.settle_ratio, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
-    assert (paper.floor_ratio, paper.ceiling_ratio) == (None, None)
+    assert (paper.window, paper.horizon, paper.unfreeze_lr_drop, paper.max_frozen_params) == (10, None, 10.0, None)
+    assert paper.floor_ratio is None
     assert paper == egeria.EgeriaConfig(rule="paper")
-    mine = egeria.EgeriaConfig(rule="paper", window=5, settle_ratio=0.2)  # values given stay under either rule
-    assert (mine.replace(rule="egeria").window, mine.replace(rule="egeria").settle_ratio) == (5, 0.2)
+    mine = egeria.EgeriaConfig(rule="paper", window=5, horizon=0.2)  # values given stay under either rule
+    assert (mine.replace(rule="egeria").window, mine.replace(rule="egeria").horizon) == (5, 0.2)
     assert mine.replace(rule="egeria").unfreeze_lr_drop == math.inf
     baseline = egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 2})
     assert baseline.max_frozen_params is None and baseline.unfreeze_lr_drop == 10.0  # a baseline is not capped
@@ -333,9 +317,9 @@ def test_under_egerias_default_a_learning_rate_drop_unfreezes_nothing():
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[40], gamma=0.1)
-    # unfreeze_lr_drop left to the rule (never); no level condition, so modules freeze
+    # unfreeze_lr_drop left to the rule (never); no outlook condition, so modules freeze
     # before the drop (with unfreeze_lr_drop=10 the drop at step 40 unfreezes them).
-    config = quick_config(rule="egeria", unfreeze_lr_drop=None, settle_ratio=1.0)
+    config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=1.0)
     eg = egeria.Egeria(model, opt, config=config)
     train(model, opt, eg, batches(1) * 80, scheduler=sched)
     moves = [(d.step, d.action) for d in eg.events]
@@ -344,204 +328,111 @@ def test_under_egerias_default_a_learning_rate_drop_unfreezes_nothing():
     assert not any(action == "unfreeze" for _, action in moves)
 
 
-def _stepped(scheduler, steps: int) -> None:
-    for _ in range(steps):
-        scheduler.optimizer.step()
-        scheduler.step()
 
 
-def test_decays_ahead_counts_the_decays_a_step_schedule_states_and_still_has_to_come():
-    def optimizer():
-        return torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
-
-    multistep = torch.optim.lr_scheduler.MultiStepLR(optimizer(), milestones=[3, 5], gamma=0.1)
-    counts = []
-    for _ in range(7):
-        counts.append(decays_ahead(multistep))
-        _stepped(multistep, 1)
-    assert counts == [2, 2, 2, 1, 1, 0, 0]  # in the scheduler's own steps, whatever they stand for
-    opt = optimizer()
-    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=4)
-    then = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[10], gamma=0.1)
-    sequential = torch.optim.lr_scheduler.SequentialLR(opt, [warmup, then], milestones=[4])
-    assert decays_ahead(sequential) == 1  # the warm-up is no decay; the step part's is ahead
-    _stepped(sequential, 4 + 10)
-    assert decays_ahead(sequential) == 0
-    assert decays_ahead(torch.optim.lr_scheduler.MultiStepLR(optimizer(), milestones=[3], gamma=1.0)) == 0
-    for unstated in (
-        None,
-        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer(), T_max=10),
-        torch.optim.lr_scheduler.StepLR(optimizer(), step_size=3),  # open-ended: no last decay
-        torch.optim.lr_scheduler.LambdaLR(optimizer(), lambda s: 1.0),
-    ):
-        assert decays_ahead(unstated) is None
-
-
-def test_a_module_settled_when_the_rate_fell_settles_again_at_its_first_reading_after():
-    def settled_then(rule: FrontRule, index: int, first_lr: float, then_lr: float, values) -> list[bool]:
-        for value in values:
-            rule.read(index, value, first_lr)
-        return [rule.settled(index) for _ in [rule.read(index, value, then_lr) for value in (0.04, 0.04)]]
-
-    flat = (4.0,) + (0.4,) * 7  # settled at the first rate: flat, well under its peak
-    rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
-    for value in flat:
-        rule.read(0, value, 0.1)
-    assert rule.settled(0)
-    rule.read(0, 0.04, 0.01)  # spans the decay: joins no average, settles nothing
-    assert not rule.settled(0)
-    rule.read(0, 0.04, 0.01)  # the first reading at the new rate, under the level: settled again
-    assert rule.settled(0) and rule.watches[0].stale < rule.window and rule.carried_over(0)
-    copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
-    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
-    assert copy.carried == {0} and copy.settled(0)
-    # Not after a rise of the rate, nor for a module that had not settled before the fall.
-    rising = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
-    assert settled_then(rising, 0, 0.01, 0.1, flat) == [False, False]
-    unsettled = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
-    assert settled_then(unsettled, 0, 0.1, 0.01, (4.0, 0.4)) == [False, False]
-    # A level above settle_ratio of the peak after the fall still holds it.
-    high = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.05, regimes=True)
-    for value in (4.0,) + (0.1,) * 7:
-        high.read(0, value, 0.1)
-    assert high.settled(0)
-    high.read(0, 0.3, 0.01)
-    high.read(0, 0.3, 0.01)
-    assert not high.settled(0)
-
-
-def test_noisy_readings_late_in_a_phase_do_not_undo_a_carry_across_the_fall():
-    rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
-    for value in (4.0, 3.0) + (0.2,) * 7:  # settled at the first rate: flat at 5% of the peak
-        rule.read(0, value, 0.1)
-    assert rule.settled(0)
-    for _ in range(2):  # the last two readings before the fall spike: the level is 1.0
-        rule.read(0, 1.0, 0.1)
-    assert not rule.settled(0)
-    copy = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
-    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
-    for resumed in (rule, copy):
-        resumed.read(0, 0.05, 0.01)  # the reading spanning the fall: joins no average
-        assert not resumed.settled(0)
-        resumed.read(0, 0.05, 0.01)  # the first at the new rate, under the level
-        assert resumed.settled(0) and resumed.carried_over(0)
-    # A module that never settled at the rate before the fall carries nothing, however low it
-    # reads across it.
-    never = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.1, regimes=True)
-    for value in (4.0, 3.0, 2.0, 1.0, 0.5, 0.25):  # still falling: never stale
-        never.read(0, value, 0.1)
-    never.read(0, 0.01, 0.01)
-    never.read(0, 0.01, 0.01)
-    assert not never.settled(0) and not never.carried_over(0)
-    # Settled only by the carry from an earlier fall is no evidence for the next one, whether
-    # its last reading before it was high or low.
-    for last in (3.0, 0.04):
-        chained = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True)
-        for value in (4.0,) + (0.4,) * 7:
-            chained.read(0, value, 0.1)
-        chained.read(0, 0.04, 0.01)  # spans the first fall
-        chained.read(0, last, 0.01)  # one reading at the new rate: carried, if low
-        assert chained.settled(0) is (last < 2.0)
-        chained.read(0, 0.001, 0.001)  # spans the second fall
-        chained.read(0, 0.001, 0.001)
-        assert not chained.settled(0) and not chained.carried_over(0)
-
-
-def test_no_module_freezes_across_a_fall_while_its_first_reading_after_is_over_the_ceiling():
-    def carried(level: float, floor: float | None) -> bool:
-        rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.5, regimes=True, ceiling_ratio=100.0)
-        for value in (4.0,) + (0.4,) * 7:  # settled at the first rate, 40x its floor
-            rule.read(0, value, 0.1, floor=0.01)
-        assert rule.settled(0)
-        rule.read(0, 0.1, 0.01, floor=0.01)  # spans the fall
-        rule.read(0, level, 0.01, floor=floor)
-        return rule.settled(0) and rule.carried_over(0)
-
-    assert carried(0.5, 0.01)  # 50x its floor, within settle_ratio of the peak
-    assert not carried(1.5, 0.01)  # 150x: over the ceiling
-    assert carried(1.5, None)  # no floor measured: the ceiling holds nothing
-
-
-@pytest.mark.parametrize("interval", [7, 1])
-def test_the_readings_start_again_at_the_step_after_the_last_decay_so_held_modules_freeze_n_steps_after_it(interval):
-    torch.manual_seed(0)
-    model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 80], gamma=0.1)
-    config = quick_config(rule="egeria", unfreeze_lr_drop=None, settle_ratio=1.0, wait_for_last_decay=True,
-                          eval_interval=interval)
-    eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched)
-    train(model, opt, eg, batches(1) * 100, scheduler=sched)
-    steps = sorted({row["step"] for row in eg.history})
-    freezes = [d for d in eg.events if d.action == "freeze"]
-    eg.close()
-    # Readings every n steps, then from step 81, the first trained at the last rate (the
-    # scheduler's 80th step passed its last milestone), every n steps again: the reading
-    # of 81 spans the decay, and the modules that had settled while held freeze at the
-    # next, a full interval at the last rate.
-    assert 81 in steps and all(s % interval == 0 if s < 81 else (s - 81) % interval == 0 for s in steps)
-    assert freezes and freezes[0].step == 81 + interval and "learning rate fell" in freezes[0].reason
-
-
-def test_a_held_reading_freezes_nothing_and_the_first_unheld_one_freezes_what_has_settled():
-    model, partition, executor = _controller(span=2)
+def test_a_readings_mass_runs_from_the_references_refresh_to_its_step():
+    model, partition, executor = _controller(span=1, horizon=0.1)
     x = torch.randn(16, 8)
-    results = []
-    for seq in range(1, 12):
-        executor.offer(Request(seq, 0, seq, 0, ((x,), {}), hold=seq <= 9))
+    ahead = [9.0, 7.5, 5.5, 4.0, 2.0]  # the sum of the learning rates still to come
+    rows = []
+    for seq, mass_ahead in enumerate(ahead, start=1):
+        executor.offer(Request(seq, 0, seq, 0, ((x,), {}), lr=0.1, mass_ahead=mass_ahead))
         executor.readout(Readout(seq, None, dict(model.state_dict())))
         [result] = executor.poll()
-        results.append(result)
-    # Constant readings settle both modules at the 6th (see the first test); held until the 10th.
-    assert all(r.decision is None for r in results[:9])
-    assert all(len(r.readings) == 2 for r in results[1:9])  # read as usual while held
-    assert results[9].decision is not None and results[9].decision.modules == tuple(partition.names[:2])
+        rows.extend(result.readings)
+    # The 1st evaluation builds the reference (refreshed at 0.1); each reading refreshes it.
+    assert [row["mass"] for row in rows] == pytest.approx([1.5, 2.0, 1.5, 2.0])
+    assert [row["mass_ahead"] for row in rows] == pytest.approx([7.5, 5.5, 4.0, 2.0])
+    state = json.loads(json.dumps(executor.service.controller.state_dict(dict(model.state_dict()))))
+    assert state["refreshed_ahead"] == pytest.approx(2.0)
 
 
-@pytest.mark.parametrize("give_scheduler, wait", [(True, True), (True, False), (False, True)])
-def test_egerias_rule_holds_its_freezes_until_the_schedules_last_decay(give_scheduler, wait, caplog):
-    caplog.set_level(logging.INFO, logger="egeria")
+def _schedulers(opt, steps: int) -> dict:
+    """Schedulers users train with, each stepped once per optimizer step unless said."""
+    lr = torch.optim.lr_scheduler
+    warm = steps // 10
+    return {
+        "multistep": lr.MultiStepLR(opt, milestones=[steps // 2, 3 * steps // 4], gamma=0.1),
+        "steplr-per-epoch": lr.StepLR(opt, step_size=1, gamma=0.7),  # stepped every 10 optimizer steps
+        "warmup-cosine": lr.LambdaLR(
+            opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / (steps - warm)))
+        ),
+        "linear-decay": lr.LambdaLR(opt, lambda s: max(0.0, 1 - s / steps)),
+        "one-cycle": lr.OneCycleLR(opt, max_lr=1e-3, total_steps=steps + 1),
+        "sequential": lr.SequentialLR(
+            opt, [lr.LinearLR(opt, start_factor=0.1, total_iters=warm), lr.CosineAnnealingLR(opt, T_max=steps - warm)],
+            milestones=[warm],
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", ["multistep", "steplr-per-epoch", "warmup-cosine", "linear-decay", "one-cycle", "sequential"])
+def test_one_criterion_reads_the_mass_ahead_from_any_schedule_and_freezes_under_each(kind):
+    steps = 120
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    sched = _schedulers(opt, steps)[kind]
+    every = 10 if kind == "steplr-per-epoch" else 1
+    config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=0.2, floor_ratio=0, eval_interval=2)
+    eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=steps)
+    model.train()
+    for i, (x, y) in enumerate(batches(1) * steps):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if (i + 1) % every == 0:
+            sched.step()
+        eg.step(loss)
+    history, events = eg.history, eg.events
+    schedule = eg._schedule.schedule(opt, steps)
+    eg.close()
+    assert schedule is not None
+    # Every reading carries the schedule's mass still ahead of its step, read from a copy of
+    # the scheduler whatever its class; one stepped per epoch is read once it has stepped
+    # twice (its cadence is learnt then), and the readings before carry none.
+    known = [row for row in history if row["mass_ahead"] is not None]
+    assert known and all(row["mass_ahead"] == pytest.approx(schedule.lr_sum(row["step"])) for row in known)
+    first = min(row["step"] for row in history)
+    assert min(row["step"] for row in known) <= (first if every == 1 else max(first, 2 * every + 2))
+    freezes = [d for d in events if d.action == "freeze"]
+    assert freezes and all("drift still to come" in d.reason for d in freezes)
+    for d in freezes:  # the front module's outlook was within the horizon when it froze
+        row = next(r for r in history if r["step"] == d.evaluated_at and r["module"] == d.modules[0])
+        assert row["outlook_share"] is not None and row["outlook_share"] <= 0.2
+
+
+def test_a_schedule_that_rises_again_warns_about_the_unfreeze_rule_once(caplog):
+    from egeria.unfreezing import rises_again
+
+    assert rises_again([0.1] * 5 + [0.01] * 5 + [0.001] * 5, 10) is None  # steps down only
+    assert rises_again([0.0, 0.5, 1.0] + [0.5 * (1 + math.cos(math.pi * t / 20)) for t in range(21)], 10) is None
+    assert rises_again([1.0, 0.5, 0.05, 0.3, 0.6], 10) == 4  # fell 20x, then 12x above its low
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=20)
+    eg = egeria.Egeria(model, opt, config=quick_config(eval_interval=2), lr_scheduler=sched, total_steps=60)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * 30, scheduler=sched)
+    eg.close()
+    said = [r.getMessage() for r in caplog.records if "rises again" in r.getMessage()]
+    assert len(said) == 1 and "at step 20" in said[0] and "unfreeze_rule=" in said[0]
+
+
+def test_an_unknown_schedule_is_said_once_with_what_it_costs_and_only_quiet_modules_freeze(caplog):
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 50], gamma=0.1)
-    # No level condition: the modules settle long before the first decay.
-    config = quick_config(rule="egeria", unfreeze_lr_drop=None, settle_ratio=1.0, wait_for_last_decay=wait)
-    eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched if give_scheduler else None)
-    train(model, opt, eg, batches(1) * 70, scheduler=sched)
-    freezes = [d.step for d in eg.events if d.action == "freeze"]
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # its step() needs a metric: unknowable ahead
+    config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=0.5, floor_ratio=0)
+    eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=60)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        decisions = train(model, opt, eg, batches(1) * 60)
+    history = eg.history
     eg.close()
-    assert freezes
-    if give_scheduler and wait:
-        # The reading of step 51 is the first at the last rate and spans the decay; modules
-        # that had settled freeze at the next one (here, 52), others W stale readings later.
-        assert 50 < min(freezes) <= 52 + config.window
-        said = [r.getMessage() for r in caplog.records]
-        assert any("held until the scheduler's last learning-rate decay (2 ahead)" in m for m in said)
-        assert any("last learning-rate decay has passed" in m for m in said)
-    else:  # a schedule Egeria was not given, or no hold: the rule's own timing
-        assert min(freezes) < 30
-        assert not any("held" in r.getMessage() for r in caplog.records)
-
-
-def test_one_reading_far_above_its_neighbours_does_not_hold_a_settled_level():
-    """The settle test reads the median of the last W readings: one spike among low readings
-    (common at a low learning rate) lifts a mean of three over settle_ratio x the peak for W
-    readings, not the median; readings that stay high still hold the module."""
-    def phase(values) -> FrontRule:
-        rule = FrontRule(window=3, tolerance_ratio=0.2, settle_ratio=0.03, regimes=True)
-        for value in (8.0, 4.0, 2.0, 1.0, 1.0, 1.0):  # the first rate: the peak level is 8.0
-            rule.read(0, value, 0.1)
-        rule.read(0, 0.1, 0.01)  # spans the fall: joins nothing
-        for value in values:
-            rule.read(0, value, 0.01)
-        return rule
-
-    spiked = phase((0.1, 0.1, 0.6, 0.1, 0.1))
-    watch = spiked.watches[0]
-    assert spiked.peak(0) == 8.0 and spiked.level(0) == 0.1
-    assert watch.stale >= 3 and watch.smoothed[-1] > 0.03 * 8.0  # the mean would have held it
-    assert spiked.settled(0)
-    held = phase((0.1, 0.6, 0.6, 0.6, 0.6))
-    assert held.watches[0].stale >= 3 and held.level(0) == 0.6 and not held.settled(0)
-    assert FrontRule(window=3, tolerance_ratio=0.2).level(5) == 0.0  # never read
+    said = [r.getMessage() for r in caplog.records if "schedule is unknown" in r.getMessage()]
+    assert len(said) == 1 and "metric" in said[0] and "at their floor" in said[0]
+    assert history and all(row["mass_ahead"] is None and row["outlook_share"] is None for row in history)
+    assert not [d for d in decisions if d.action == "freeze"]  # no floor test here, no outlook: nothing

@@ -19,12 +19,12 @@ RULES = ("paper", "egeria")
 #: benchmarks/README.md, "Why modules freeze late or never").
 RULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "paper": {
-        "window": 10, "unfreeze_lr_drop": 10.0, "settle_ratio": None, "max_frozen_params": None, "probe_size": None,
-        "wait_for_last_decay": False, "floor_ratio": None, "ceiling_ratio": None,
+        "window": 10, "unfreeze_lr_drop": 10.0, "horizon": None, "max_frozen_params": None, "probe_size": None,
+        "floor_ratio": None,
     },
     "egeria": {
-        "window": 3, "unfreeze_lr_drop": math.inf, "settle_ratio": 0.03, "max_frozen_params": 0.25, "probe_size": 32,
-        "wait_for_last_decay": True, "floor_ratio": 8.0, "ceiling_ratio": 300.0,
+        "window": 3, "unfreeze_lr_drop": math.inf, "horizon": 0.001, "max_frozen_params": 0.25, "probe_size": 32,
+        "floor_ratio": 8.0,
     },
 }
 #: Precisions the reference model can run in.
@@ -44,8 +44,7 @@ class EgeriaConfig:
 
     The default rule is Egeria's own (``rule="egeria"``); ``rule="paper"`` is the paper's
     Algorithm 1 with the paper's settings. ``window``, ``unfreeze_lr_drop``,
-    ``settle_ratio``, ``max_frozen_params``, ``probe_size``, ``wait_for_last_decay``,
-    ``floor_ratio`` and ``ceiling_ratio`` left at None take the rule's own values
+    ``horizon``, ``max_frozen_params``, ``probe_size`` and ``floor_ratio`` left at None take the rule's own values
     (:data:`RULE_DEFAULTS`; a baseline ``policy`` takes the paper's, which cap nothing); a
     value given is kept under either rule. Values are checked
     when the config is built; a bad one raises ``ValueError`` naming the field and the value.
@@ -68,8 +67,9 @@ class EgeriaConfig:
     # W: evaluations with a low plasticity slope needed to freeze a module; also the
     # length of the moving-average window and of the slope fit. Halved at each unfreeze
     # under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
-    # freeze only once their drift has fallen to settle_ratio of its peak, so the W
-    # readings confirm a level rather than guard against noise at a high learning rate).
+    # freeze only once the drift still to come has fallen to ``horizon`` of its largest,
+    # so the W readings confirm a level rather than guard against noise at a high
+    # learning rate).
     window: int | None = None
     # T = tolerance_ratio x the largest slope magnitude among a module's first three
     # readings: the per-module tolerance of the freezing rule.
@@ -78,7 +78,7 @@ class EgeriaConfig:
     # two consecutive intervals of n steps falls below this.
     bootstrap_change_rate: float = 0.10
     # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
-    # or "auto": bf16 (its refresh is a cast, and floor_ratio and ceiling_ratio are measured
+    # or "auto": bf16 (its refresh is a cast, and floor_ratio is measured
     # with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values).
     reference_precision: str = "auto"
     # Where the controller's reference and fp32 front live. "cpu" (default): host copies,
@@ -138,47 +138,30 @@ class EgeriaConfig:
     # Every reading runs on the same probe (the first evaluation's batch) instead of its
     # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
     fixed_probe: bool = False
-    # A module freezes only once its plasticity level (the median of its last W readings)
-    # has also fallen to this share of the highest level it had in the run. At a high learning rate the drift between readings is
-    # stationary SGD noise, flat but high; after a 10x rate drop it falls 10-100x
-    # (benchmarks/README.md, rule study). None: the rule's own, none (paper: the slope
-    # alone decides) or 0.03 (egeria: in a demo run at LR 0.1 the stem's drift fell to
-    # 0.10-0.15 of the peak it had just after bootstrapping, and freezing it there cost
-    # 0.55 points; after a 10x drop it reads 0.00-0.03); 1.0 turns the condition off.
-    settle_ratio: float | None = None
-    # Hold every freeze until the learning-rate scheduler's last stated decay has passed
-    # (``MultiStepLR``'s milestones; egeria.decays), then freeze each module the rule
-    # found settled at any reading of the phase that decay ended once the first reading of
-    # n steps at the last rate confirms its level (the readings start again at the step
-    # after the decay, so that is n steps after it). A schedule that states no decays
-    # (cosine, linear, none given to Egeria) holds nothing.
-    # None: the rule's own, no hold (paper) or hold (egeria: on resnet-fmnist a freeze in
-    # the phase before the last decay left the training loss 0.008 higher after it and
-    # cost about 0.1 points of test accuracy, while a freeze after it cost nothing
-    # measurable; benchmarks/README.md, "Where a freeze costs").
-    wait_for_last_decay: bool | None = None
+    # Egeria's criterion: a module whose readings have settled (the slope test over W
+    # readings) freezes once the drift still to come is at most this share of the largest
+    # it has had in the run. The drift still to come is the module's pace (its drift per
+    # unit of learning-rate mass, the median of its last W readings) times the share of the
+    # run's learning-rate mass still ahead, read from the schedule whatever built it
+    # (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
+    # freeze. None: the rule's own, 0.001 (egeria: on resnet-fmnist's step schedule it is
+    # reached after the first decay, when the modules' readings had fallen 100x and the
+    # schedule had 5% of its mass left; under the LM's inverse-square-root schedule in the
+    # last 5% of the steps; benchmarks/README.md, "What the readings say of the distance
+    # still to go") or none (paper: the slope alone decides); 1.0 turns the condition off.
+    horizon: float | None = None
     # A module also freezes after W readings in a row whose smoothed plasticity is at most
     # this many times its *floor*: what a reading reads when the module has not moved (the
-    # reference's own error, measured after each refresh at one more reference forward).
-    # The slope and settle_ratio cannot see a module that starts converged: a fine-tuned
-    # front's drift never falls far below its first readings. None: the rule's own, off
-    # (paper) or 8.0 (egeria: fine-tuning resnet-fmnist's ResNet-20 on MNIST, the front
-    # read a median 5-31x its floor and settle_ratio's level lay 1.2-6.6x above it;
-    # freezing at 8x kept plain's accuracy. From scratch that level lies 170-250x above
-    # the floor, so 8x fires only where it already holds; benchmarks/README.md, "The floor
-    # of a reading"). 0 turns it off.
-    floor_ratio: float | None = None
-    # No module freezes, by any test, while its smoothed plasticity is more than this many
-    # times its floor: a drift that large is a module still learning, however flat its
-    # slope or far below its peak. None: the rule's own, off (paper) or 300.0 (egeria: on
-    # the whole PTB text under an inverse-square-root schedule, which states no decays for
-    # the hold, the slope froze the LM's front at 2,800x its floor and cost 4% perplexity;
-    # its front never read below 2,300x. From scratch the demo froze at 2-22x and read at
-    # most 124x in the phase before its last decay; fine-tuned fronts froze at 2-7x;
-    # benchmarks/README.md, "A ceiling over the floor").
+    # reference's own error, measured after each refresh at one more reference forward),
+    # however much learning-rate mass is still ahead: its drift cannot be told from none.
+    # This is how a pretrained front freezes early in fine-tuning, where its drift never
+    # falls far below its first readings. None: the rule's own, off (paper) or 8.0 (egeria:
+    # fine-tuning resnet-fmnist's ResNet-20 on MNIST, the front read a median 5-31x its
+    # floor; freezing at 8x kept plain's accuracy. From scratch a front reads 1,000-5,000x
+    # its floor at a high learning rate; benchmarks/README.md, "The floor of a reading").
     # Measured with a bf16 reference; an int8 reference's floor is 10-65x higher. 0 turns
     # it off.
-    ceiling_ratio: float | None = None
+    floor_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a
     # derived n, n is lengthened once, early, to keep within it (measured on the first
     # evaluations); a budget an explicit eval_interval breaks is reported once. None: no
@@ -256,15 +239,9 @@ class EgeriaConfig:
                 "(the last one, the head, is never frozen)"
             )
         _check_positive(self, "tolerance_ratio")
-        if self.settle_ratio is not None:
-            _check_positive(self, "settle_ratio", share="of a module's highest level; 1.0 turns the test off")
+        if self.horizon is not None:
+            _check_positive(self, "horizon", share="of a module's largest drift still to come")
         _check_optional_ratio(self, "floor_ratio")
-        _check_optional_ratio(self, "ceiling_ratio")
-        if self.floor_ratio and self.ceiling_ratio and self.ceiling_ratio < self.floor_ratio:
-            raise ValueError(
-                f"EgeriaConfig.ceiling_ratio={self.ceiling_ratio!r} must not be below floor_ratio={self.floor_ratio!r} "
-                "(a quiet module would be held at its floor)"
-            )
         if self.max_frozen_params is not None:
             _check_positive(self, "max_frozen_params", share="of the model's parameters; None: no cap")
         if self.cost_budget is not None:
@@ -287,8 +264,6 @@ class EgeriaConfig:
                 "EgeriaConfig.fixed_probe=True reads a fixed batch, which the training forward pass does not "
                 f"see; it needs activation_mode='eval', not {self.activation_mode!r}"
             )
-        if not isinstance(self.wait_for_last_decay, bool):
-            raise ValueError(f"EgeriaConfig.wait_for_last_decay={self.wait_for_last_decay!r} must be True or False")
         _check_positive(self, "bootstrap_change_rate")
         drop = self.unfreeze_lr_drop
         if not (_finite_number(drop) or drop == math.inf) or drop <= 1.0:

@@ -25,7 +25,7 @@ own rule already says so.
 With ``fixed_probe`` every reading uses the batch of the first evaluation (the *probe*)
 instead of the evaluation's own batch, so readings carry no batch-to-batch noise.
 
-With ``floor_ratio`` or ``ceiling_ratio`` the controller also measures each watched module's *floor* right
+With ``floor_ratio`` the controller also measures each watched module's *floor* right
 after a refresh: the SP loss between the refreshed reference and the training activations
 of the same weights and batch, i.e. what a reading reads when the module has not moved.
 The next reading is compared with it (:class:`~egeria.rule.FrontRule`); it costs one more
@@ -78,7 +78,7 @@ class Controller:
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
         fixed_probe: read every evaluation on the first evaluation's batch.
-        settle_ratio, regimes, floor_ratio, ceiling_ratio: as in :class:`~egeria.rule.FrontRule`.
+        horizon, regimes, floor_ratio: as in :class:`~egeria.rule.FrontRule`.
     """
 
     def __init__(
@@ -93,10 +93,9 @@ class Controller:
         threads: int | None = 1,
         span: int = 1,
         fixed_probe: bool = False,
-        settle_ratio: float | None = None,
+        horizon: float | None = None,
         regimes: bool = False,
         floor_ratio: float | None = None,
-        ceiling_ratio: float | None = None,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -105,8 +104,7 @@ class Controller:
         self.threads = threads
         self.span = span
         self.fixed_probe = fixed_probe
-        self.rule = FrontRule(window, tolerance_ratio, settle_ratio=settle_ratio, regimes=regimes,
-                              floor_ratio=floor_ratio, ceiling_ratio=ceiling_ratio)
+        self.rule = FrontRule(window, tolerance_ratio, horizon=horizon, regimes=regimes, floor_ratio=floor_ratio)
         self.floors: dict[int, float] = {}  # each watched module's floor at the latest refresh
         self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
@@ -183,9 +181,10 @@ class Controller:
         if not all(math.isfinite(v) for v in values):
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
-        rows = [self._read(index, value, request.step, request.lr) for index, value in zip(watched, values)]
+        mass = self._mass_since_refresh(request)
+        rows = [self._read(index, value, request, mass) for index, value in zip(watched, values)]
         by_module = dict(zip(watched, training))
-        count = 0 if request.hold else self.rule.settled_front(watched)
+        count = self.rule.settled_front(watched)
         if count:
             names = tuple(self._name(i) for i in watched[:count])
             decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
@@ -201,35 +200,49 @@ class Controller:
 
     def _reason(self, index: int) -> str:
         """Why the front module ``index`` freezes, in words."""
-        if self.rule.carried_over(index):
-            return "settled before the learning rate fell; plasticity still low after it"
         if self.rule.quiet(index):
             return (
                 f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {self.window} readings"
             )
         tolerance = self.rule.tolerance(index) or 0.0
-        return f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
+        why = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
+        outlook = self.rule.outlook(index)
+        if self.rule.horizon is None or self.rule.horizon >= 1 or outlook is None or outlook.share is None:
+            return why  # the condition is off: the slope decided
+        return f"{why}; drift still to come {outlook.share:.2g} of its largest"
 
-    def _read(self, index: int, plasticity: float, step: int, lr: float | None = None) -> dict:
+    def _mass_since_refresh(self, request: Request) -> float | None:
+        """The learning-rate mass the reading's interval held: from the reference's refresh
+        to the evaluated step, what was ahead then less what is ahead now (None: the
+        schedule is not known)."""
+        if request.mass_ahead is None or self.refreshed_ahead is None:
+            return None
+        return max(self.refreshed_ahead - request.mass_ahead, 0.0)
+
+    def _read(self, index: int, plasticity: float, request: Request, mass: float | None) -> dict:
         """One module's reading through its rule; the history row."""
-        reading = self.rule.read(index, plasticity, lr, self.floors.get(index))
+        lr = request.lr
+        reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead)
         if not reading.counted:
-            logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", step, lr, self._name(index))
+            logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", request.step, lr,
+                         self._name(index))
+        outlook = self.rule.outlook(index)
         return {
-            "step": step,
+            "step": request.step,
             "module": self._name(index),
             "plasticity": reading.plasticity,
             "smoothed": reading.smoothed,
             "slope": reading.slope,
             "tolerance": reading.tolerance,
             "stale": reading.stale,
-            "level": self.rule.level(index),  # the settle test's: median of the last W readings
-            "peak": self.rule.peak(index),
             "counted": reading.counted,  # False: it straddled a learning-rate change
             "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
+            "mass": mass,  # the learning-rate mass (sum of learning rates) the reading's interval held
+            "mass_ahead": request.mass_ahead,  # the learning-rate mass still to come after the step
+            "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median of the last W
+            "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
             "floor": reading.floor,  # the smoothed floor (None: not measured)
             "quiet": reading.quiet,
-            "above_ceiling": self.rule.above_ceiling(index),  # held: drift far above the floor
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
@@ -255,12 +268,13 @@ class Controller:
                  training: Mapping[int, torch.Tensor | Gram] | None = None) -> None:
         """Refreshes the reference from ``weights``; with ``training`` (the watched modules'
         training activations for these weights and the request's batch) and a
-        ``floor_ratio`` or ``ceiling_ratio``, measures the floors."""
+        ``floor_ratio``, measures the floors."""
         assert self.reference is not None
         batch = self._batch(request)
         self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
-        if training is None or (self.rule.floor_ratio is None and self.rule.ceiling_ratio is None):
+        self.refreshed_ahead = request.mass_ahead
+        if training is None or self.rule.floor_ratio is None:
             return
         indices = [i for i in self.watched if i in training]
         if not indices:
@@ -274,7 +288,7 @@ class Controller:
 
     def restart(self, generation: int, frozen: int, window: int) -> None:
         """Forget the reference and the watches; watch from module ``frozen`` with window
-        ``window`` (the probe and the plasticity peaks are kept).
+        ``window`` (the probe and the outlooks' largest values are kept).
 
         Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
         that reached it too late (the frozen set the worker actually has).
@@ -285,14 +299,16 @@ class Controller:
         self.reference = None
         self.floors = {}
         self.readings_since_refresh = 0
+        self.refreshed_ahead: float | None = None  # the learning-rate mass ahead at the reference's refresh
 
     def state_dict(self, live: Mapping[str, torch.Tensor]) -> dict:
         """JSON-safe state; ``live`` is the training model's state now."""
         return {
             "generation": self.generation,
             "frozen": self.frozen,
-            **self.rule.state_dict(),  # window, watches, peaks
+            **self.rule.state_dict(),  # window, watches, outlooks
             "readings_since_refresh": self.readings_since_refresh,
+            "refreshed_ahead": self.refreshed_ahead,
             "floors": {str(i): v for i, v in self.floors.items()},
             "reference": None if self.reference is None else self.reference.state_dict(live),
             "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
@@ -311,11 +327,12 @@ class Controller:
                 "frozen": integer(0, partition.freezable),
                 **FrontRule.state_fields(modules),
                 "readings_since_refresh": integer(0),
+                "refreshed_ahead": optional(number(0)),
                 "floors": mapping(number(0), keys=index_keys(0, modules - 1)),
                 "reference": optional(ReferenceModel.state_spec(partition, weights)),
                 "probe": optional(sequence(items(probe_leaf), mapping(probe_leaf))),
             },
-            optional=("carried", "settled_in_phase", "floors"),
+            optional=("floors",),
         )
 
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
@@ -323,6 +340,7 @@ class Controller:
         self.frozen = int(state["frozen"])
         self.rule.load_state_dict(state)
         self.readings_since_refresh = int(state["readings_since_refresh"])
+        self.refreshed_ahead = state["refreshed_ahead"]
         self.floors = {int(i): float(v) for i, v in state.get("floors", {}).items()}  # absent before floors
         self.probe = None
         if state["probe"] is not None:
@@ -332,8 +350,7 @@ class Controller:
         saved = state["reference"]
         if saved is not None and saved["precision"] != self.precision:
             # Readings and floors of another precision are on another scale (an int8
-            # reference's floor is 10-65x a bf16 one's): the watches start afresh, the
-            # peaks (set by drift far above either floor) stay.
+            # reference's floor is 10-65x a bf16 one's): the watches start afresh.
             logger.warning(
                 "the saved reference is %s, this controller's is %s (the default changed, or another machine): "
                 "it is rebuilt at the next evaluation and the modules' readings start afresh",

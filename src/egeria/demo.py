@@ -129,7 +129,7 @@ def run_demo(
         f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at steps {', '.join(map(str, milestones))}; "
         f"Egeria with its default configuration (rule {config.rule!r}, window {config.window}, executor "
         f"{config.executor!r}, cost budget {config.cost_budget:.0%}"
-        f"{', freezes held until the last lr drop' if config.wait_for_last_decay else ''}, {_reference_words()}) "
+        f", {_reference_words()}) "
         "and its activation cache",
     )
 

@@ -35,7 +35,6 @@ from torch import nn
 from .cache.attach import attach_loader
 from .checks import check_int
 from .config import EgeriaConfig
-from .decays import decays_ahead
 from .decision import Decision
 from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
@@ -50,13 +49,13 @@ from .serialization import read_state, write_state
 from .statecheck import check
 from .stepcount import OptimizerSteps
 from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
-from .unfreezing import CYCLICAL_SCHEDULERS, UnfreezeRule, current_lr
+from .unfreezing import UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_FORMAT = 3
+_STATE_FORMAT = 4
 
 
 class Egeria:
@@ -69,9 +68,8 @@ class Egeria:
         optimizer: its optimizer; its param groups are never changed.
         config: hyperparameters; :class:`EgeriaConfig` defaults when None.
         lr_scheduler: the learning-rate scheduler, if any; or later, :meth:`set_schedule`.
-            Egeria's rule holds its freezes until the last decay a step schedule states
-            (``MultiStepLR``; ``EgeriaConfig.wait_for_last_decay``), and warns about
-            cyclical schedules, which need ``unfreeze_rule``.
+            Egeria's rule reads the learning-rate mass still ahead from it
+            (:mod:`egeria.lr_schedule`), whatever its class.
         total_steps: optimizer steps the run will take; needed by the first :meth:`step`
             when ``config.eval_interval`` is None and by the schedule baselines (give it
             here or, once known, to :meth:`set_schedule`).
@@ -310,14 +308,6 @@ class Egeria:
         if lr_scheduler is not None:
             self.lr_scheduler = lr_scheduler
             self._schedule.watch(self.steps, lr_scheduler, self.optimizer, keep=(self.wrapper, self.model))
-        if lr_scheduler is not None and isinstance(self.policy, KnowledgeGuided) and not self._custom_unfreeze:
-            if type(lr_scheduler).__name__ in CYCLICAL_SCHEDULERS:
-                logger.warning(
-                    "%s is cyclical: the default unfreeze rule (a %gx learning-rate drop) fits annealing "
-                    "schedules; pass unfreeze_rule= for cyclical ones",
-                    type(lr_scheduler).__name__,
-                    self.config.unfreeze_lr_drop,
-                )
 
     # -- the step boundary ---------------------------------------------------------
 
@@ -442,7 +432,6 @@ class Egeria:
                     step=lambda: self.steps,
                     own_pass=self._own.is_active,
                     event=self._record,
-                    decays_ahead=lambda: decays_ahead(self.lr_scheduler),
                     lr_schedule=lambda: self._schedule.schedule(
                         self.optimizer, self.total_steps, self._lr_at, final=self._planned
                     ),
@@ -553,6 +542,7 @@ class Egeria:
             "partition": prefix.partition.to_state(),
             "steps": self.steps,
             "total_steps": self.total_steps,
+            "lr_cadence": self._schedule.steps_per_epoch,  # optimizer steps per scheduler step, once learnt
             "frozen": prefix.count,
             "events": [d.to_dict() for d in self.events],
             "policy": self.policy.name,
@@ -610,6 +600,7 @@ class Egeria:
         # Checked: nothing above changed this Egeria; from here on it takes the state.
         if self.total_steps is None and state.get("total_steps") is not None:
             self.total_steps = state["total_steps"]
+        self._schedule.assume_cadence(state.get("lr_cadence"))
         self._release()
         if self._trace is not None:
             self._trace.remove()

@@ -42,7 +42,7 @@ class _Evaluation:
     open: bool = True  # its forward pass is running (activations may be captured)
     activations: dict[int, HostCopy | LocalCopy] = field(default_factory=dict)
     lr: float | None = None  # the learning rate of its step
-    hold: bool = False  # it may not freeze anything (a decay is still ahead)
+    mass_ahead: float | None = None  # the learning-rate mass still to come after its step
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -122,17 +122,18 @@ class ControllerLink:
         send: bool,
         state: Callable[[], Mapping[str, torch.Tensor]],
         lr: Callable[[], float] | None = None,
-        hold: Callable[[], bool] | None = None,
+        mass_ahead: Callable[[], float | None] | None = None,
     ) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
         already (on the CPU; a device's copy is sent at the step boundary instead). ``batch``,
-        ``lr`` and ``hold`` (whether the reading may freeze nothing) are read only when the
-        step is armed: this runs at every forward pass."""
+        ``lr`` and ``mass_ahead`` (the sum of the learning rates of the steps after it, None
+        where not known) are read only when the step is armed: this runs at every forward
+        pass."""
         if self.armed_for != step or self.evaluation is not None:
             return
         evaluation = _Evaluation(
-            step, module, batch(), lr=None if lr is None else lr(), hold=False if hold is None else hold()
+            step, module, batch(), lr=None if lr is None else lr(), mass_ahead=None if mass_ahead is None else mass_ahead()
         )
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
@@ -194,7 +195,7 @@ class ControllerLink:
             self.executor.weights(state(), self.keys.of(final, loose=False)) if final else None,
             final,
             evaluation.lr,
-            evaluation.hold,
+            evaluation.mass_ahead,
         )
         try:
             sent = self.executor.offer(request)

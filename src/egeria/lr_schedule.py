@@ -122,6 +122,16 @@ class LRSchedule:
         b = min(max(int(end), a), self.total_steps)
         return float((self._cumulative[b] - self._cumulative[a]) / self._cumulative[-1])
 
+    def lr_sum(self, first: int, end: int | None = None) -> float:
+        """The sum of the learning rates of steps ``first .. end - 1`` (``end`` None: to
+        the run's end; each clamped into ``0 .. total_steps``): the learning-rate mass in
+        the schedule's own units. From the scheduler's position on it does not depend on
+        how earlier steps were reconstructed, so a resumed run reads what an uninterrupted
+        one did."""
+        a = min(max(int(first), 0), self.total_steps)
+        b = self.total_steps if end is None else min(max(int(end), a), self.total_steps)
+        return float(self._cumulative[b] - self._cumulative[a])
+
     def mass_ahead(self, step: int) -> float:
         """The share of the run's learning-rate mass in steps ``step`` and after: 1.0 at
         step 0, 0.0 at ``total_steps``. After ``Egeria.step()``, ``mass_ahead(eg.steps)``
@@ -193,6 +203,7 @@ class ScheduleWatch:
     """
 
     def __init__(self) -> None:
+        self._cadence: int | None = None  # optimizer steps per scheduler step, restored from a checkpoint
         self._reset(None, 0)
         self._told: set[int] = set()  # the levels of the messages logged (one each)
 
@@ -242,10 +253,18 @@ class ScheduleWatch:
     @property
     def steps_per_epoch(self) -> int | None:
         """Optimizer steps between two steps of the scheduler, once seen (None before its
-        second advance); 1 for a scheduler that keeps no position."""
+        second advance) or restored from a checkpoint (:meth:`assume_cadence`); 1 for a
+        scheduler that keeps no position."""
         if self._scheduler is not None and _position(self._scheduler) is None:
             return 1
-        return self._advances[1] - self._advances[0] if len(self._advances) >= 2 else None
+        if len(self._advances) >= 2:
+            return self._advances[1] - self._advances[0]
+        return self._cadence
+
+    def assume_cadence(self, steps_per_epoch: int | None) -> None:
+        """The cadence a run learnt before it was checkpointed, so that a resumed run reads
+        its schedule at once instead of after two more steps of the scheduler."""
+        self._cadence = steps_per_epoch
 
     def schedule(
         self, optimizer: Any, total_steps: int | None, lr_at: LRAt | None = None, *, final: bool = True
@@ -298,7 +317,11 @@ class ScheduleWatch:
         except ScheduleUnknown as err:
             if not final:
                 return None
-            self._tell_once(logging.WARNING, f"the learning-rate schedule is unknown: {err}")
+            self._tell_once(
+                logging.WARNING,
+                f"the learning-rate schedule is unknown: {err} (without it Egeria's rule cannot tell how much "
+                "movement is still to come, and freezes only modules whose readings sit at their floor)",
+            )
             answer = None
         if final:  # before training, total_steps or the scheduler may still change
             self._answer, self._answered = answer, True

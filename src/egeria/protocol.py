@@ -35,8 +35,8 @@ class Request:
             values), or None.
         final_modules: indices of those modules.
         lr: the learning rate the evaluated step trained at (None: not known).
-        hold: the reading may not freeze anything (a learning-rate decay is still ahead,
-            ``EgeriaConfig.wait_for_last_decay``); the rule reads as usual.
+        mass_ahead: the learning-rate mass still to come: the sum of the learning rates of
+            the steps after the evaluated one (None: the schedule is not known).
     """
 
     seq: int
@@ -47,7 +47,7 @@ class Request:
     final_weights: Any = None
     final_modules: tuple[int, ...] = ()
     lr: float | None = None
-    hold: bool = False
+    mass_ahead: float | None = None
 
 
 @dataclass

@@ -97,13 +97,14 @@ def check_saved_state(
                 "partition": _PARTITION,
                 "steps": STEPS,
                 "total_steps": optional(integer(1, 2**63 - 1)),
+                "lr_cadence": optional(integer(1, 2**63 - 1)),
                 "frozen": integer(0),
                 "events": items(anything),
                 "policy": text(),
                 "policy_state": optional(mapping(anything)),
                 "digest": text(pattern="[0-9a-f]{64}"),
             },
-            optional=("total_steps", "digest"),
+            optional=("total_steps", "lr_cadence", "digest"),
         ),
     )
     if "digest" in state and state["digest"] != _digest(state):

@@ -66,10 +66,9 @@ class ControllerSpec:
     span: int = 1
     fixed_probe: bool = False
     cpus: tuple[int, ...] | None = None  # cores the controller process may use
-    settle_ratio: float | None = None
+    horizon: float | None = None  # freeze once the drift still to come is this share of its largest (rule="egeria")
     regimes: bool = False  # a learning-rate change restarts the watches' averages (rule="egeria")
     floor_ratio: float | None = None  # readings this close to the floor count as quiet (rule="egeria")
-    ceiling_ratio: float | None = None  # no freeze while readings are this far above the floor (rule="egeria")
 
     def build(self) -> Controller:
         return Controller(
@@ -82,10 +81,9 @@ class ControllerSpec:
             threads=self.threads,
             span=self.span,
             fixed_probe=self.fixed_probe,
-            settle_ratio=self.settle_ratio,
+            horizon=self.horizon,
             regimes=self.regimes,
             floor_ratio=self.floor_ratio,
-            ceiling_ratio=self.ceiling_ratio,
         )
 
 

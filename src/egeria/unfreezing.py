@@ -14,13 +14,32 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["UnfreezeContext", "UnfreezeRule", "LRDropRule", "current_lr", "CYCLICAL_SCHEDULERS"]
+__all__ = ["UnfreezeContext", "UnfreezeRule", "LRDropRule", "current_lr", "rises_again"]
 
 # Relative slack so that 0.1 * 0.1 (= 0.010000000000000002) still counts as a 10x drop.
 _RELATIVE_SLACK = 1e-6
 
-#: Scheduler class names for which the LR-drop rule is the wrong tool.
-CYCLICAL_SCHEDULERS = ("CyclicLR", "OneCycleLR", "CosineAnnealingWarmRestarts")
+
+
+def rises_again(lrs: Sequence[float], factor: float) -> int | None:
+    """The first step at which a schedule's learning rate, having fallen ``factor`` times
+    or more below its highest so far, has risen ``factor`` times or more above its lowest
+    since (a cycle restarts: cosine with restarts, cyclical LR), where the LR-drop rule
+    unfreezes at every cycle; None for a schedule that never does (a warm-up rises before
+    it falls, and one-cycle's one rise does too)."""
+    high = low = None  # the highest learning rate so far, and the lowest since it
+    for step, lr in enumerate(map(float, lrs)):
+        if high is None or low is None:
+            high = low = lr
+            continue
+        fell = low < high and low * factor <= high * (1 + _RELATIVE_SLACK)
+        if fell and lr >= factor * low * (1 - _RELATIVE_SLACK):
+            return step
+        if lr > high:
+            high = low = lr  # still rising (a warm-up): no fall yet
+        else:
+            low = min(low, lr)
+    return None
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,6 @@ class Binding:
         step: optimizer steps taken so far (the engine owns the count).
         own_pass: true while Egeria runs a forward pass of its own, which hooks ignore.
         event: records an event that changes no frozen set (e.g. ``"guided"``).
-        decays_ahead: the learning-rate decays the run's scheduler still has ahead, where
-            it states them (:func:`egeria.decays.decays_ahead`), else None.
         lr_schedule: the run's learning rate at every optimizer step
             (:class:`egeria.lr_schedule.LRSchedule`, read once, at the first call that can
             answer), else None: not known yet, or unknowable (one warning says why).
@@ -81,7 +79,6 @@ class Binding:
     step: Callable[[], int]
     own_pass: Callable[[], bool]
     event: Callable[[Decision], None]
-    decays_ahead: Callable[[], int | None] = lambda: None
     lr_schedule: Callable[[], LRSchedule | None] = lambda: None
 
 

@@ -19,6 +19,7 @@ started at the first step boundary, in the executor the config names.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -41,7 +42,7 @@ from ..statecheck import Spec, boolean, integer, number, optional, record, text
 from ..placement import controller_threads, reference_home, resolve_executor, resolve_precision
 from ..service import ControllerSpec
 from ..similarity import gram_of
-from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr
+from ..unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
 from ..weights import ModuleKeys, float_snapshot
 from .base import Binding, Move, StepInfo
 
@@ -85,6 +86,7 @@ class KnowledgeGuided:
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
         self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.config.unfreeze_lr_drop)
+        self._checked_cycles = unfreeze_rule is not None or self.config.unfreeze_lr_drop == math.inf
         self._executor_factory = executor
         self.stage = "bootstrap"
         self.window = self.config.window
@@ -98,9 +100,6 @@ class KnowledgeGuided:
         self._binding: Binding | None = None
         self._handles: list = []
         self._warned_no_loss = False
-        self._held = False  # the latest reading was held (wait_for_last_decay), for the log
-        self._ahead: int | None = None  # the decays the scheduler stated ahead after the latest step
-        self._lifted_at: int | None = None  # the step at which the last stated decay passed
 
     @property
     def requires_total_steps(self) -> bool:
@@ -157,7 +156,6 @@ class KnowledgeGuided:
         move = unfreeze or move
         self.budget.step_done(evaluated)
         self._keep_budget()
-        self._note_decays(info.step)
         self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
         return move
 
@@ -254,24 +252,8 @@ class KnowledgeGuided:
         """Capture the next step's batch when that step evaluates plasticity (or ends a
         bootstrap interval) and a module is left to watch."""
         assert self.link is not None and self.eval_interval is not None
-        # After the scheduler's last stated decay (under wait_for_last_decay) the readings'
-        # grid starts again at the first step after it: that step reads at once (its reading
-        # spans the decay and refreshes the reference) and the next one reads n steps at the
-        # last rate, so the modules the hold kept freeze n steps after the decay, not up to 2n.
-        anchor = 0 if self._lifted_at is None else self._lifted_at + 1
-        due = (step + 1 - anchor) % self.eval_interval == 0
+        due = (step + 1) % self.eval_interval == 0
         self.link.arm(step + 1 if due and frozen < freezable else None)
-
-    def _note_decays(self, step: int) -> None:
-        """Notes the step at which the scheduler's last stated decay passed (under
-        ``wait_for_last_decay``): its decays ahead fell to none since the previous step."""
-        assert self._binding is not None
-        if not self.config.wait_for_last_decay:
-            return
-        ahead = self._binding.decays_ahead()
-        if ahead == 0 and self._ahead:
-            self._lifted_at = step
-        self._ahead = ahead
 
     # -- hooks: they record, the step boundary acts ---------------------------------------
 
@@ -287,22 +269,27 @@ class KnowledgeGuided:
                 self.stage == "guided",
                 self._model.state_dict,
                 lambda: current_lr(binding.optimizer),
-                self._holding,
+                self._mass_ahead,
             )
 
-    def _holding(self) -> bool:
-        """Whether a reading taken now may freeze nothing: ``wait_for_last_decay`` and the
-        scheduler states a decay still ahead. Logged when the hold starts and when it ends."""
+    def _mass_ahead(self) -> float | None:
+        """The learning-rate mass still ahead after the step being evaluated: the sum of
+        the learning rates of the steps after it (None: the schedule is not known)."""
         assert self._binding is not None
-        ahead = self._binding.decays_ahead() if self.config.wait_for_last_decay else None
-        holding = bool(ahead)
-        if holding != self._held:
-            if holding:
-                logger.info("Egeria: freezes are held until the scheduler's last learning-rate decay (%d ahead)", ahead)
-            else:
-                logger.info("Egeria: the scheduler's last learning-rate decay has passed; settled modules may freeze")
-            self._held = holding
-        return holding
+        schedule = self._binding.lr_schedule()
+        if schedule is None:
+            return None
+        if not self._checked_cycles:
+            self._checked_cycles = True
+            restart = rises_again(schedule.lrs.tolist(), self.config.unfreeze_lr_drop)
+            if restart is not None:
+                logger.warning(
+                    "Egeria: the learning rate rises again at step %d after falling %gx (a cyclical schedule): the "
+                    "default unfreeze rule (a %gx learning-rate drop) fits annealing schedules and would unfreeze "
+                    "at every cycle; pass unfreeze_rule= for cyclical ones",
+                    restart, self.config.unfreeze_lr_drop, self.config.unfreeze_lr_drop,
+                )
+        return schedule.lr_sum(self._binding.step() + 1)  # the evaluated step is the next one taken
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self.link is not None:
@@ -355,18 +342,17 @@ class KnowledgeGuided:
             self._binding.partition,
             float_snapshot(self._binding.model, self._home),
             resolve_precision(cfg.reference_precision),
-            self.window,
-            cfg.tolerance_ratio,
-            cfg.reference_refresh,
-            controller_threads(self.executor_kind, cfg.reference_threads, cpus),
-            cfg.cpu_threshold,
-            self.span,
-            cfg.fixed_probe,
-            cpus,
-            cfg.settle_ratio,
-            cfg.rule == "egeria",
-            cfg.floor_ratio or None,  # 0: off, no floors measured
-            cfg.ceiling_ratio or None,
+            window=self.window,
+            tolerance_ratio=cfg.tolerance_ratio,
+            refresh_every=cfg.reference_refresh,
+            threads=controller_threads(self.executor_kind, cfg.reference_threads, cpus),
+            cpu_threshold=cfg.cpu_threshold,
+            span=self.span,
+            fixed_probe=cfg.fixed_probe,
+            cpus=cpus,
+            horizon=cfg.horizon,
+            regimes=cfg.rule == "egeria",
+            floor_ratio=cfg.floor_ratio or None,  # 0: off, no floors measured
         )
 
     @property
@@ -401,8 +387,6 @@ class KnowledgeGuided:
             "lr_at_freeze": self.lr_at_freeze,
             "freeze_step": self.freeze_step,
             "budget_checked": self.budget_checked,
-            "decays_ahead": self._ahead,
-            "last_decay_passed_at": self._lifted_at,
             "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
         }
 
@@ -423,11 +407,8 @@ class KnowledgeGuided:
                 "lr_at_freeze": optional(number(0)),
                 "freeze_step": optional(integer(0, steps)),
                 "budget_checked": boolean,
-                "decays_ahead": optional(integer(0)),
-                "last_decay_passed_at": optional(integer(0, steps)),
                 "link": ControllerLink.state_spec(controller, partition.names, steps),
             },
-            optional=("decays_ahead", "last_decay_passed_at"),
         )
 
     def load_state_dict(self, state: dict) -> None:
@@ -439,8 +420,6 @@ class KnowledgeGuided:
         self.lr_at_freeze = state["lr_at_freeze"]
         self.freeze_step = state["freeze_step"]
         self.budget_checked = bool(state["budget_checked"])
-        self._ahead = state.get("decays_ahead")  # both absent in checkpoints before them
-        self._lifted_at = state.get("last_decay_passed_at")
         self.link.load_state_dict(state["link"], self._model.state_dict(), self._binding.frozen())
         if self.eval_interval is not None:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
