@@ -10,7 +10,7 @@ again), and compares training wall time (the steps after ten warm-up ones, as
 bootstrapping over at the first interval, and a window W of a million readings, so every
 n-th step is a full plasticity evaluation (request, readout with the weights, reference
 forward, eval-mode front forward, SP loss, int8 refresh) and nothing ever freezes. The
-configurations vary n and the controller's threads (``reference_threads``).
+configurations vary n and the controller's threads (one per core of ``controller_cpus``).
 
 Reported per configuration: median wall time over the rounds, overhead against the plain
 median, evaluations sent / dropped / answered, controller seconds, and the lag in steps
@@ -87,8 +87,8 @@ def run_once(task, config: egeria.EgeriaConfig | None) -> dict:
 
 def egeria_config(n: int, threads: int) -> egeria.EgeriaConfig:
     return egeria.EgeriaConfig(
-        eval_interval=n, window=10**6, min_window=2, bootstrap_change_rate=1e9,
-        executor="process", reference_threads=threads,
+        eval_interval=n, window=10**6, bootstrap_change_rate=1e9,
+        executor="process", controller_cpus=list(range(threads)),  # one controller thread per core named
     )
 
 

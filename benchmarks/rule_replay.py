@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/rule_replay"
-HORIZONS = (0.01, 0.003, 0.001, 0.0003)
+HORIZONS = (0.01, 0.003, 0.001, 0.0007, 0.0005, 0.0003)
 WINDOW, TOLERANCE_RATIO, FLOOR_RATIO = 3, 0.2, 8.0  # the default rule's
 
 # The runs replayed, with how their schedules are known: the task's own scheduler, or

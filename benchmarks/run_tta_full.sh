@@ -44,7 +44,7 @@ declare -A size=(
   [transformer-ptb]="--epochs 6 --records-per-epoch 4"
   # The 4,000 training digits / 128 = 32 steps per epoch; 50 epochs (1,600 steps, linear
   # LR decay to 0). run_tta.sh's 10 epochs (320 steps) end before Egeria can freeze
-  # anything: with n = 20 (min_eval_interval) and W = 10 a module needs at least 13
+  # anything: with n = 20 (the rule's smallest n) and W = 10 a module needs at least 13
   # readings (260 steps) after bootstrapping. The fine-tuning case (a converged front,
   # frozen early) needs most of the run left after that first freeze: at 1,600 steps the
   # first freeze can come by about step 350, with room for several more modules. MNIST

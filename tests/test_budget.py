@@ -56,8 +56,9 @@ def _policy(config):
 
 
 @pytest.mark.parametrize("budget, interval", [(0.01, 30), (None, 2)])
-def test_a_derived_interval_is_lengthened_once_to_meet_the_budget(budget, interval):
-    config = quick_config(eval_interval=None, min_eval_interval=2, cost_budget=budget)
+def test_a_derived_interval_is_lengthened_once_to_meet_the_budget(budget, interval, monkeypatch):
+    monkeypatch.setattr(egeria.policies.knowledge, "MIN_EVAL_INTERVAL", 2)
+    config = quick_config(eval_interval=None, cost_budget=budget)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     eg = egeria.Egeria(model, opt, config=config, total_steps=50, policy=_policy(config))

@@ -14,7 +14,7 @@ from egeria.policies import NoFreezing
 CASES = [
     # shares: a value over 1 is refused for being over 1, not for being "> 0"
     ({"cost_budget": 1.5}, "EgeriaConfig.cost_budget=1.5 must be at most 1 (a share of training time"),
-    ({"max_frozen_params": 2}, "EgeriaConfig.max_frozen_params=2 must be at most 1 (a share of the model's parameters"),
+    ({"max_frozen_flops": 2}, "EgeriaConfig.max_frozen_flops=2 must be at most 1 (a share of the model's weight computation"),
     ({"horizon": 1.5}, "EgeriaConfig.horizon=1.5 must be at most 1 (a share of a module's largest drift still to come"),
     ({"horizon": 0}, "EgeriaConfig.horizon=0 must be > 0"),
     ({"cpu_threshold": 2}, "EgeriaConfig.cpu_threshold=2 must be at most 1 (a share of the machine's CPU time"),
@@ -69,7 +69,7 @@ def test_a_freeze_policy_object_in_the_config_is_pointed_to_egeria():
     "changes",
     [
         {"cost_budget": 1},
-        {"max_frozen_params": 1.0},
+        {"max_frozen_flops": 1.0},
         {"horizon": 1.0},
         {"cpu_threshold": 1},
         {"tolerance_ratio": 2.0},

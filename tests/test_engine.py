@@ -249,10 +249,8 @@ def _params_of(model, eg, module_name):
         ("max_modules", 1),
         ("executor", "gpu"),
         ("start_method", "clone"),
-        ("max_in_flight", 0),
         ("cpu_threshold", 1.5),
         ("controller_timeout", 0),
-        ("max_lag_intervals", 0),
         ("horizon", 0.0),
         ("horizon", float("nan")),
         ("floor_ratio", -1.0),
@@ -405,18 +403,19 @@ def test_close_keeping_modules_frozen_still_removes_every_hook():
     assert frozen and not any(p.requires_grad for p in frozen)
 
 
-def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept():
+def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept(monkeypatch):
     model = Chain(depth=4)
     short = egeria.Egeria(
         model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400, example_inputs=(torch.randn(2, 8),),
         config=egeria.EgeriaConfig(rule="paper"),
     )
     assert len(short.modules) == 7  # the guideline: 1,400 / (2 * 10) / 7 / 1.75 = 5.7
-    assert short.eval_interval == 20  # min_eval_interval
+    assert short.eval_interval == 20  # MIN_EVAL_INTERVAL
     short.close()
+    monkeypatch.setattr(egeria.policies.knowledge, "MIN_EVAL_INTERVAL", 3)
     floor = egeria.Egeria(
         model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400,
-        config=egeria.EgeriaConfig(rule="paper", min_eval_interval=3), example_inputs=(torch.randn(2, 8),),
+        config=egeria.EgeriaConfig(rule="paper"), example_inputs=(torch.randn(2, 8),),
     )
     assert floor.eval_interval == 5
     floor.close()
@@ -425,8 +424,6 @@ def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept():
         example_inputs=(torch.randn(2, 8),),
     )
     assert explicit.eval_interval == 2
-    with pytest.raises(ValueError, match="min_eval_interval=0"):
-        egeria.EgeriaConfig(min_eval_interval=0)
 
 
 def test_state_dict_after_close_is_refused():

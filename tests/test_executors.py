@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import egeria
+from egeria.config import MAX_IN_FLIGHT, MAX_LAG_INTERVALS
 from egeria.executors import InlineExecutor, ProcessExecutor, ThreadExecutor
 from fakes import Delayed, Recorder
 from tiny import Chain, Trapped, batches, quick_config, train
@@ -114,21 +115,23 @@ def test_process_controller_freezes_without_making_training_wait():
         stats = eg.controller_stats
         pid = stats["pid"]
     assert stats["executor"] == "process" and stats["failure"] is None
-    assert max(in_flight) <= config.max_in_flight
+    assert max(in_flight) <= MAX_IN_FLIGHT
     assert stats["sent"] == stats["answered"] + stats["in_flight"]
     freezes = [d for d in decisions if d.action == "freeze"]
     assert freezes, stats
-    bound = config.max_lag_intervals * config.eval_interval
+    bound = MAX_LAG_INTERVALS * config.eval_interval
     assert all(0 <= d.step - d.evaluated_at <= bound for d in freezes)
     assert not _alive(pid)
 
 
 @pytest.mark.slow
 def test_a_controller_process_with_two_threads_is_spawned_and_answers():
+    # Two cores named: the controller gets a thread for each, which a forked child cannot
+    # start, so it is spawned.
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    config = quick_config(executor="process", eval_interval=4, reference_threads=2, cpu_threshold=None)
+    config = quick_config(executor="process", eval_interval=4, controller_cpus=[0, 1], cpu_threshold=None)
     with egeria.Egeria(model, opt, config=config) as eg:
         train(model, opt, eg, batches(1) * 30)
         deadline = time.monotonic() + 60
@@ -138,16 +141,16 @@ def test_a_controller_process_with_two_threads_is_spawned_and_answers():
         assert eg.controller_stats["answered"] > 0 and eg.controller_stats["failure"] is None
 
 
-def _delayed_run(config, lag: int, steps: int = 120):
+def _delayed_run(config, lag: int, steps: int = 120, in_flight: int = MAX_IN_FLIGHT):
     """Trains with a controller each of whose answers arrives ``lag`` steps after its
-    evaluation (1: at the next step boundary)."""
+    evaluation (1: at the next step boundary), at most ``in_flight`` unanswered."""
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     made: list[Delayed] = []
 
     def executor(spec):
-        made.append(Delayed(spec, max_in_flight=config.max_in_flight))
+        made.append(Delayed(spec, max_in_flight=in_flight))
         return made[-1]
 
     eg = egeria.Egeria(model, opt, config=config, policy=egeria.KnowledgeGuided(config, executor=executor))
@@ -165,41 +168,41 @@ def _delayed_run(config, lag: int, steps: int = 120):
 
 
 def test_evaluations_beyond_max_in_flight_are_dropped_until_answers_come():
-    config = quick_config(max_in_flight=1)
-    _, stats, _ = _delayed_run(config, lag=1000, steps=12)  # never answered
+    config = quick_config()
+    _, stats, _ = _delayed_run(config, lag=1000, steps=12, in_flight=1)  # never answered
     assert stats["sent"] == 1 and stats["answered"] == 0 and stats["in_flight"] == 1
     assert stats["dropped"] >= 5  # one evaluation per step once guided
-    _, stats, _ = _delayed_run(config, lag=2, steps=12)
+    _, stats, _ = _delayed_run(config, lag=2, steps=12, in_flight=1)
     assert stats["answered"] >= 3 and stats["dropped"] >= 3
     assert stats["sent"] == stats["answered"] + stats["in_flight"]
 
 
 def test_a_decision_within_the_lag_bound_applies_with_its_lag_and_a_later_one_is_discarded():
-    config = quick_config(max_in_flight=3, max_lag_intervals=2)  # n = 1: up to 2 steps late
-    on_time, stats, _ = _delayed_run(config, lag=2)
+    config = quick_config()  # n = 1: up to MAX_LAG_INTERVALS = 2 steps late
+    on_time, stats, _ = _delayed_run(config, lag=2, in_flight=3)
     freezes = [d for d in on_time if d.action == "freeze"]
     assert freezes and stats["discarded_decisions"] == 0
     assert all(d.step - d.evaluated_at == 2 for d in freezes)
-    late, stats, history = _delayed_run(config, lag=3)
+    late, stats, history = _delayed_run(config, lag=3, in_flight=3)
     assert [d for d in late if d.action == "freeze"] == []
     assert stats["discarded_decisions"] >= 1 and history  # the controller decided, too late
 
 
 def test_most_evaluations_lost_is_one_warning_that_says_what_to_change(caplog):
-    config = quick_config(max_in_flight=1)
+    config = quick_config()
     with caplog.at_level(logging.WARNING, logger="egeria"):
         # one evaluation per step, each answered 3 steps later: two of every three dropped
-        _, stats, _ = _delayed_run(config, lag=3, steps=30)
+        _, stats, _ = _delayed_run(config, lag=3, steps=30, in_flight=1)
     assert stats["answered"] > 0 and stats["dropped"] > stats["sent"]
     starved = [r.getMessage() for r in caplog.records if "cannot keep pace" in r.getMessage()]
     assert len(starved) == 1 and "probe_size" in starved[0] and "were dropped" in starved[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="egeria"):
-        _delayed_run(config, lag=1000, steps=30)  # never answered: the controller's timeout reports it
+        _delayed_run(config, lag=1000, steps=30, in_flight=1)  # never answered: the controller's timeout reports it
     assert not [r for r in caplog.records if "cannot keep pace" in r.getMessage()]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="egeria"):
-        _delayed_run(quick_config(max_in_flight=3), lag=1, steps=30)  # every answer at the next step
+        _delayed_run(quick_config(), lag=1, steps=30, in_flight=3)  # every answer at the next step
     assert not [r for r in caplog.records if "cannot keep pace" in r.getMessage()]
 
 

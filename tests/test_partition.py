@@ -10,29 +10,65 @@ from tiny import Chain
 
 
 def partition_of(model, example, **config):
-    """The partition as built, without the rule's cap on the parameters frozen unless given."""
+    """The partition as built, without the rule's cap on the computation frozen unless given."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    config = egeria.EgeriaConfig(eval_interval=10, executor="inline", **{"max_frozen_params": 1.0, **config})
+    config = egeria.EgeriaConfig(eval_interval=10, executor="inline", **{"max_frozen_flops": 1.0, **config})
     eg = egeria.Egeria(model, opt, config=config, example_inputs=example)
     return eg, eg.partition
 
 
-def test_egerias_rule_freezes_at_most_the_leading_quarter_of_the_parameters_embedding_tables_aside():
+def test_egerias_rule_freezes_at_most_the_leading_three_quarters_of_the_weight_computation():
     from egeria.models import TransformerLM, resnet
+    from egeria.partition import weight_flops
 
     net = resnet(depth=20, in_channels=1, num_classes=10)
-    _, capped = partition_of(net, (torch.randn(2, 1, 28, 28),), max_frozen_params=None)  # egeria's default, 0.25
-    # conv1..layer2.2 own 24.2% of ResNet-20's parameters; with layer3.0 it would be 45%.
+    eg, capped = partition_of(net, (torch.randn(2, 1, 28, 28),), max_frozen_flops=None)  # egeria's default, 0.75
+    # conv1..layer2.2 do 68% of ResNet-20's weight computation; with layer3.0 it would be 77%.
     assert capped.names[capped.freezable - 1] == "layer2.2" and capped.freezable == 5
-    _, paper = partition_of(net, (torch.randn(2, 1, 28, 28),), rule="paper", max_frozen_params=None)
+    flops = eg._module_flops(capped)
+    assert sum(flops[:5]) / sum(flops) == pytest.approx(0.676, abs=0.005)
+    # The count is each weight's size times its output positions (x2), as torch's own
+    # FLOP counter counts the same layers' matrix work.
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    out = conv(torch.randn(2, 3, 10, 10))
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        conv(torch.randn(2, 3, 10, 10))
+    assert weight_flops(conv, out) == counter.get_total_flops()
+    linear = torch.nn.Linear(6, 4)
+    with FlopCounterMode(display=False) as counter:
+        out = linear(torch.randn(5, 7, 6))
+    assert weight_flops(linear, out) == counter.get_total_flops()
+    _, paper = partition_of(net, (torch.randn(2, 1, 28, 28),), rule="paper", max_frozen_flops=None)
     assert paper.freezable == len(paper) - 1  # the paper's rule caps nothing
     lm = TransformerLM(1000, d_model=32, n_heads=2, n_layers=6, d_ff=64, max_len=16, dropout=0.0)
-    _, lm_partition = partition_of(lm, (torch.randint(0, 1000, (2, 8)),), max_frozen_params=None)
-    # The token table (32,000 of the first module's parameters) is left out of the count;
-    # counted, the first module alone would be over a quarter and nothing could freeze.
+    _, lm_partition = partition_of(lm, (torch.randint(0, 1000, (2, 8)),), max_frozen_flops=None)
+    # The token table is a lookup: it computes nothing, so it counts nothing.
     assert lm_partition.names[0] == "embed..layers.0" and lm_partition.freezable >= 1
-    with pytest.raises(ValueError, match="max_frozen_params=1.5"):
-        egeria.EgeriaConfig(max_frozen_params=1.5)
+    with pytest.raises(ValueError, match="max_frozen_flops=1.5"):
+        egeria.EgeriaConfig(max_frozen_flops=1.5)
+
+
+def test_a_run_resumed_before_its_first_forward_pass_caps_as_the_checkpoint_recorded():
+    import json
+
+    from egeria.models import resnet
+
+    torch.manual_seed(0)
+    eg, capped = partition_of(resnet(depth=20, in_channels=1, num_classes=10), (torch.randn(2, 1, 28, 28),),
+                              max_frozen_flops=None)
+    state = json.loads(json.dumps(eg.state_dict()))
+    eg.close()
+    assert len(state["module_flops"]) == len(capped)
+    torch.manual_seed(0)
+    net = resnet(depth=20, in_channels=1, num_classes=10)
+    resumed = egeria.Egeria(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                            config=egeria.EgeriaConfig(eval_interval=10, executor="inline"))
+    resumed.load_state_dict(state)  # no forward pass yet: no trace to count with
+    assert resumed.partition.freezable == capped.freezable == 5
+    assert json.loads(json.dumps(resumed.state_dict()))["module_flops"] == state["module_flops"]
+    resumed.close()
 
 
 def weighted_blocks(model, partition, index=None):

@@ -23,11 +23,10 @@ def test_auto_runs_inline_for_a_cpu_model_and_in_a_process_beside_an_accelerator
 
 
 def test_controller_threads():
-    assert controller_threads("inline", None, None) is None  # the trainer's own threads
-    assert controller_threads("thread", None, None) is None  # shares the trainer's pool
-    assert controller_threads("process", None, None) == 1
-    assert controller_threads("process", None, (2, 3)) == 2
-    assert controller_threads("process", 4, (2, 3)) == 4  # explicit wins
+    assert controller_threads("inline", None) is None  # the trainer's own threads
+    assert controller_threads("thread", None) is None  # shares the trainer's pool
+    assert controller_threads("process", None) == 1
+    assert controller_threads("process", (2, 3)) == 2  # one per core it may run on
 
 
 def test_the_default_config_trains_a_cpu_model_with_an_inline_controller():

@@ -89,12 +89,12 @@ def quick_config(**overrides) -> egeria.EgeriaConfig:
     """Evaluate every step with a short window so decisions come within tens of steps; an
     int8 reference on every CPU (as these tests were written; "auto" picks bf16); no cost
     budget, whose warning depends on timing. The paper's rule, and under either rule no
-    condition on the drift still to come (``horizon`` 1.0), no parameter cap and an
+    condition on the drift still to come (``horizon`` 1.0), no cap on the computation frozen and an
     unfreeze at a 10x LR drop, unless overridden: these tests isolate one mechanism each
     (the defaults have their own tests)."""
     settings = dict(
         eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline", reference_precision="int8",
-        cost_budget=None, rule="paper", horizon=1.0, max_frozen_params=1.0, unfreeze_lr_drop=10.0,
+        cost_budget=None, rule="paper", horizon=1.0, max_frozen_flops=1.0, unfreeze_lr_drop=10.0,
     )
     settings.update(overrides)
     return egeria.EgeriaConfig(**settings)

@@ -25,6 +25,7 @@ effect only inside :meth:`Egeria.step`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -42,7 +43,9 @@ from .hooks import mark
 from .mainguard import refuse_in_reimported_main
 from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
-from .partition import ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks
+from .partition import (
+    ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks, leading_within,
+)
 from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
 from .saved_state import check_saved_state, policy_state_spec, sealed
 from .serialization import read_state, write_state
@@ -161,6 +164,7 @@ class Egeria:
         self._cache: Any = None  # an egeria.cache.ActivationCache once cache_loader() is called
         self._closed = False
         self._told_nothing_freezes = False
+        self._saved_flops: list[float] | None = None  # the layer modules' weight computation a checkpoint recorded
         self._lr_at = lr_schedule
         self._schedule = ScheduleWatch()  # the run's learning-rate schedule, read once (egeria.lr_schedule)
         self.set_schedule(total_steps=total_steps, lr_scheduler=lr_scheduler)
@@ -487,26 +491,36 @@ class Egeria:
                 raise
         return self._partition
 
-    def _capped(self, partition: Partition) -> Partition:
+    def _capped(self, partition: Partition, saved_flops: list[float] | None = None) -> Partition:
         """``partition`` with at most ``config.max_frozen`` freezable modules and, under
-        Egeria's own policy, holding at most ``config.max_frozen_params`` of the parameters
-        (a rule setting: a baseline or a policy object of the user's is not capped by it).
-        Where the cap leaves nothing to freeze, one WARNING says why and what to change
-        (a model of one layer module, or max_frozen=0, is refused outright)."""
+        Egeria's own policy, holding at most ``config.max_frozen_flops`` of the model's
+        weight computation (a rule setting: a baseline or a policy object of the user's is
+        not capped by it). Where the cap leaves nothing to freeze, one WARNING says why and
+        what to change (a model of one layer module, or max_frozen=0, is refused outright)."""
         if self.config.max_frozen is not None:
             partition.freezable = min(partition.freezable, self.config.max_frozen)
-        if self.config.max_frozen_params is not None and isinstance(self.policy, KnowledgeGuided):
-            allowed = partition.leading_within(self.model, self.config.max_frozen_params)
+        flops = self._module_flops(partition, saved_flops)
+        share = self.config.max_frozen_flops
+        if share is not None and isinstance(self.policy, KnowledgeGuided) and flops is not None and sum(flops) > 0:
+            allowed = leading_within(flops, share, partition.freezable)
             if allowed == 0 < partition.freezable:
-                sizes = partition.parameter_sizes(self.model)
                 self._nothing_can_freeze(
                     f"its first layer module {partition.modules[0].name!r} holds "
-                    f"{100 * sizes[0] / max(sum(sizes), 1):.0f}% of the parameters, above "
-                    f"EgeriaConfig.max_frozen_params={self.config.max_frozen_params:g}; raise max_frozen_params, "
+                    f"{100 * flops[0] / sum(flops):.0f}% of the model's weight computation, above "
+                    f"EgeriaConfig.max_frozen_flops={share:g}; raise max_frozen_flops, "
                     "or pass modules= naming smaller layer modules"
                 )
             partition.freezable = min(partition.freezable, allowed)
         return partition
+
+    def _module_flops(self, partition: Partition, saved: list[float] | None = None) -> list[float] | None:
+        """Each layer module's weight computation in the first forward pass, as this
+        process's trace counted it, or as a checkpoint recorded it (``saved``, or the one
+        loaded: a run resumed before its first forward pass); None where neither is known."""
+        if self._trace is not None and self._trace.flops:
+            return partition.flops(self._trace.flops)
+        saved = saved if saved is not None else self._saved_flops
+        return list(saved) if saved is not None and len(saved) == len(partition) else None
 
     def _nothing_can_freeze(self, why: str) -> None:
         """The one warning of a run in which no module can ever freeze."""
@@ -543,6 +557,7 @@ class Egeria:
             "steps": self.steps,
             "total_steps": self.total_steps,
             "lr_cadence": self._schedule.steps_per_epoch,  # optimizer steps per scheduler step, once learnt
+            "module_flops": self._module_flops(prefix.partition),  # for the cap of a run resumed before a forward
             "frozen": prefix.count,
             "events": [d.to_dict() for d in self.events],
             "policy": self.policy.name,
@@ -583,6 +598,8 @@ class Egeria:
             ValueError: naming the field that does not fit this model or this format.
         """
         self._check_open()
+        flops = state.get("module_flops") if isinstance(state, dict) else None
+        flops = flops if isinstance(flops, list) and all(_finite_count(f) for f in flops) else None
         partition, context = check_saved_state(
             state,
             model=self.model,
@@ -590,7 +607,7 @@ class Egeria:
             policy=self.policy.name,
             decides=self._decides,
             current=self._partition if self._partition is not None else self._computed_partition(),
-            cap=self._capped,
+            cap=lambda p: self._capped(p, saved_flops=flops),
         )
         if self._decides:
             check(state["policy_state"], policy_state_spec(self.policy, context), "state.policy_state")
@@ -606,6 +623,7 @@ class Egeria:
             self._trace.remove()
             self._trace_end.remove()
         self._partition, self._prefix = partition, None
+        self._saved_flops = flops
         self.steps = state["steps"]
         self.events = [Decision.from_dict(e) for e in state["events"]]
         prefix = self._bind()
@@ -705,6 +723,10 @@ def _checked_loss(loss: Any) -> torch.Tensor | float | None:
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):
         return float(loss)
     raise ValueError(f"Egeria.step(loss): loss must be a tensor or a number, got {type(loss).__name__}")
+
+
+def _finite_count(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _check_lr_schedule(lr_schedule: Any) -> None:

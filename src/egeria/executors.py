@@ -9,9 +9,10 @@ so the same sequence of evaluations gives the same readings and decisions by con
   applies at the end of its evaluation step.
 * ``thread`` / ``process``: the worker never waits. It sends the request and the readout
   and carries on; :meth:`poll` at later step boundaries picks up whatever answers are in.
-  At most ``max_in_flight`` evaluations are unanswered at a time; a further one is
-  dropped (counted) rather than queued. The engine applies a freeze decision at most
-  ``max_lag_intervals`` evaluation intervals after its evaluation, or discards it.
+  At most ``max_in_flight`` (``egeria.config.MAX_IN_FLIGHT``, 2) evaluations are unanswered
+  at a time; a further one is dropped (counted) rather than queued. The engine applies a
+  freeze decision at most ``MAX_LAG_INTERVALS`` (2) evaluation intervals after its
+  evaluation, or discards it.
 
 Faults never stop training: a controller that raises, exits or stops beating its heart
 for ``controller_timeout`` seconds is reported once (:attr:`failure`) and gives no more
@@ -298,7 +299,7 @@ class InlineExecutor(_QueueExecutor):
 
 class ThreadExecutor(_QueueExecutor):
     """The controller in a daemon thread of the training process. It shares torch's
-    thread pool with training, so ``reference_threads`` does not apply."""
+    thread pool with training, so the controller's thread count does not apply."""
 
     name = "thread"
 

@@ -61,7 +61,7 @@ class ControllerLink:
         hooked: the training activations come from the training forward pass
             (``activation_mode="train"``) rather than the controller's eval-mode copy.
         span: how many modules, from the front one, each evaluation reads.
-        max_in_flight, timeout: see :class:`~egeria.config.EgeriaConfig`.
+        max_in_flight, timeout: for a replacement controller (`egeria.config.MAX_IN_FLIGHT`, `EgeriaConfig.controller_timeout`).
     """
 
     def __init__(

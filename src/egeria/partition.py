@@ -23,8 +23,9 @@ import logging
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+import torch
 from torch import nn
 
 from .hooks import mark
@@ -123,31 +124,10 @@ class Partition:
         _check_coverage(model, partition)
         return partition
 
-    def parameter_sizes(self, model: nn.Module) -> list[int]:
-        """Each layer module's parameter count, embedding tables left out (a lookup table
-        is large, computes nothing and is updated sparsely; counted, an LM's token
-        embedding would make its first layer look like most of the model)."""
-        tables = {
-            f"{name}.{p}" if name else p
-            for name, mod in model.named_modules()
-            if isinstance(mod, (nn.Embedding, nn.EmbeddingBag))
-            for p, _ in mod.named_parameters(recurse=False)
-        }
-        params = dict(model.named_parameters())
-        return [sum(params[p].numel() for p in m.params if p not in tables) for m in self.modules]
-
-    def leading_within(self, model: nn.Module, share: float) -> int:
-        """How many leading freezable modules together own at most ``share`` of the
-        model's parameters (:meth:`parameter_sizes`)."""
-        sizes = self.parameter_sizes(model)
-        total = sum(sizes)
-        count = running = 0
-        for size in sizes[: self.freezable]:
-            running += size
-            if running > share * total:
-                break
-            count += 1
-        return count
+    def flops(self, block_flops: Mapping[str, float]) -> list[float]:
+        """Each layer module's share of ``block_flops`` (a block's :func:`weight_flops` in
+        one forward pass, as :class:`ExecutionTrace` counts them): the sum over its blocks."""
+        return [sum(block_flops.get(b, 0.0) for b in m.blocks) for m in self.modules]
 
 
 def partition_model(
@@ -289,7 +269,8 @@ def _holds_stack(module: nn.Module) -> bool:
 
 
 class ExecutionTrace:
-    """Records the order in which blocks first run during one forward pass.
+    """Records the order in which blocks first run during one forward pass, and the
+    multiply-adds of each block's weights in it (:func:`weight_flops`).
 
     Args:
         model: the model whose blocks are watched.
@@ -298,8 +279,19 @@ class ExecutionTrace:
 
     def __init__(self, model: nn.Module, blocks: Sequence[str]) -> None:
         self.order: list[str] = []
+        self.flops: dict[str, float] = {}
         named = dict(model.named_modules())
         self._handles = [mark(named[b].register_forward_pre_hook(self._seen(b))) for b in blocks]
+        for b in blocks:
+            for leaf in named[b].modules():
+                if _matrix_weight(leaf) is not None:
+                    self._handles.append(mark(leaf.register_forward_hook(self._counted(b))))
+
+    def _counted(self, block: str):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            self.flops[block] = self.flops.get(block, 0.0) + weight_flops(module, output)
+
+        return hook
 
     @property
     def active(self) -> bool:
@@ -317,6 +309,42 @@ class ExecutionTrace:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _matrix_weight(module: nn.Module) -> torch.Tensor | None:
+    """The weight of a layer that multiplies its input by a matrix or convolves it (a
+    weight of two or more dimensions); None for lookups (embeddings) and the rest."""
+    weight = getattr(module, "weight", None)
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) or not isinstance(weight, torch.Tensor):
+        return None
+    return weight if weight.dim() >= 2 else None
+
+
+def weight_flops(module: nn.Module, output: Any) -> float:
+    """The multiply-adds (x2) of ``module``'s weight in the call that gave ``output``: each
+    weight entry is used once per output position (a linear layer's rows, a convolution's
+    pixels), so 2 x the weight's size x the output's size / its channels. The backward
+    pass computes about twice as much on the same weights, so the shares of this count
+    are the shares of the backward's matrix work that freezing a module saves."""
+    weight = _matrix_weight(module)
+    tensor = output if isinstance(output, torch.Tensor) else None
+    if weight is None or tensor is None or tensor.dim() == 0:
+        return 0.0
+    channels = tensor.shape[1] if isinstance(module, nn.modules.conv._ConvNd) and tensor.dim() > 1 else tensor.shape[-1]
+    return 2.0 * weight.numel() * tensor.numel() / max(int(channels), 1)
+
+
+def leading_within(sizes: Sequence[float], share: float, limit: int) -> int:
+    """How many of the first ``limit`` entries of ``sizes`` together hold at most ``share``
+    of their sum over all of ``sizes``."""
+    total = sum(sizes)
+    count, running = 0, 0.0
+    for size in sizes[:limit]:
+        running += size
+        if running > share * total:
+            break
+        count += 1
+    return count
 
 
 def build_partition(

@@ -59,15 +59,12 @@ def resolve_precision(precision: str) -> str:
     return "bf16" if precision == "auto" else precision
 
 
-def controller_threads(executor: str, reference_threads: int | None, cpus: Sequence[int] | None) -> int | None:
+def controller_threads(executor: str, cpus: Sequence[int] | None) -> int | None:
     """Torch threads for the controller's work (None: leave torch's setting).
 
-    An explicit ``reference_threads`` wins. Otherwise: inline, the trainer's own threads
-    (the trainer waits for the reading); a thread shares the trainer's pool; a process gets
-    one thread per core in ``cpus``, or one.
+    Inline, the trainer's own threads (the trainer waits for the reading); a thread shares
+    the trainer's pool; a process gets one thread per core in ``cpus``, or one.
     """
-    if reference_threads is not None:
-        return reference_threads
     if executor in ("inline", "thread"):
         return None
     return len(cpus) if cpus else 1

@@ -5,9 +5,8 @@ The reference is a copy of the training model (on the CPU, or with
 watched, are swapped for low-precision versions while it runs. It runs only as far as
 the watched module's output and is stopped there.
 
-When it is refreshed. Egeria refreshes it from the training model every
-``reference_refresh`` evaluations (default: after every reading) and whenever a module
-freezes. A plasticity reading then measures how far the watched module moved since the
+When it is refreshed. Egeria refreshes it from the training model after every reading
+and whenever a module freezes. A plasticity reading then measures how far the watched module moved since the
 previous reading, plus the fixed quantization error. A reference kept for longer makes
 each reading grow with the reference's age and fall back at its refresh, a saw-tooth the
 slope test would read as movement; the paper saw the same effect ("a stale reference

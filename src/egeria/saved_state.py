@@ -20,7 +20,7 @@ from torch import nn
 
 from .decision import Decision
 from .partition import Partition
-from .statecheck import StateError, anything, check, integer, items, mapping, optional, record, text
+from .statecheck import StateError, anything, check, integer, items, mapping, number, optional, record, text
 
 __all__ = ["SavedContext", "check_saved_state", "policy_state_spec", "sealed", "without_policy_state", "STEPS"]
 
@@ -98,13 +98,14 @@ def check_saved_state(
                 "steps": STEPS,
                 "total_steps": optional(integer(1, 2**63 - 1)),
                 "lr_cadence": optional(integer(1, 2**63 - 1)),
+                "module_flops": optional(items(number(0))),
                 "frozen": integer(0),
                 "events": items(anything),
                 "policy": text(),
                 "policy_state": optional(mapping(anything)),
                 "digest": text(pattern="[0-9a-f]{64}"),
             },
-            optional=("total_steps", "lr_cadence", "digest"),
+            optional=("total_steps", "lr_cadence", "module_flops", "digest"),
         ),
     )
     if "digest" in state and state["digest"] != _digest(state):

@@ -29,7 +29,7 @@ from torch import nn
 from .. import device
 from ..bootstrap import BootstrapMonitor
 from ..budget import CostBudget
-from ..config import EgeriaConfig
+from ..config import MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, EgeriaConfig
 from ..controller import Controller
 from ..decision import Decision
 from ..device import HostCopy, LocalCopy, handoff
@@ -59,7 +59,7 @@ ExecutorFactory = Callable[[ControllerSpec], Executor]
 
 
 def derive_eval_interval(total_steps: int, window: int, num_modules: int) -> int:
-    """n from the paper's guideline, at least 1 (the policy also applies ``min_eval_interval``)."""
+    """n from the paper's guideline, at least 1 (the policy raises it to ``MIN_EVAL_INTERVAL``)."""
     return max(1, int(total_steps / (2 * window) / num_modules / _GUIDELINE_FACTOR))
 
 
@@ -128,7 +128,7 @@ class KnowledgeGuided:
             lambda: (binding.frozen(), self.window),  # what a replacement controller watches
             hooked=self.config.activation_mode == "train",
             span=self.span,
-            max_in_flight=self.config.max_in_flight,
+            max_in_flight=MAX_IN_FLIGHT,
             timeout=self.config.controller_timeout,
         )
 
@@ -143,7 +143,7 @@ class KnowledgeGuided:
                 self._binding.event(Decision(info.step, "guided", (), "training loss settled"))
         with self.budget.spending():
             evaluated = self.link.complete(self.stage == "guided", self._model.state_dict)
-            accepted = self.link.decisions(info.step, info.frozen, self.config.max_lag_intervals * n, self.window)
+            accepted = self.link.decisions(info.step, info.frozen, MAX_LAG_INTERVALS * n, self.window)
         if accepted:
             last = accepted[-1]
             assert last.decision is not None
@@ -170,17 +170,17 @@ class KnowledgeGuided:
 
     def planned_interval(self, total_steps: int | None, num_modules: int) -> int | None:
         """n for a run of ``total_steps`` over ``num_modules`` layer modules: the config's;
-        else, under the paper's rule, the guideline's with the ``min_eval_interval`` floor
-        (None: not known yet); under Egeria's, ``min_eval_interval`` (its modules are all
+        else, under the paper's rule, the guideline's with the ``MIN_EVAL_INTERVAL`` floor
+        (None: not known yet); under Egeria's, ``MIN_EVAL_INTERVAL`` (its modules are all
         read at once and freeze W + 1 readings after their drift has fallen, so n sets
         that delay, whatever the run's length; the cost budget may lengthen it)."""
         if self.eval_interval is not None:
             return self.eval_interval
         if self.config.rule == "egeria":
-            return self.config.min_eval_interval
+            return MIN_EVAL_INTERVAL
         if total_steps is None:
             return None
-        return max(derive_eval_interval(total_steps, self.config.window, num_modules), self.config.min_eval_interval)
+        return max(derive_eval_interval(total_steps, self.config.window, num_modules), MIN_EVAL_INTERVAL)
 
     def _interval(self, info: StepInfo) -> int:
         if self.eval_interval is None:
@@ -192,9 +192,9 @@ class KnowledgeGuided:
                 info.total_steps or 0, self.config.window, modules
             ):
                 logger.info(
-                    "the guideline gives a shorter n for %s steps; using min_eval_interval=%d, so fewer "
+                    "the guideline gives a shorter n for %s steps; using n=%d, so fewer "
                     "modules may be evaluated for freezing in this run",
-                    info.total_steps, self.config.min_eval_interval,
+                    info.total_steps, MIN_EVAL_INTERVAL,
                 )
         return self.eval_interval
 
@@ -239,7 +239,7 @@ class KnowledgeGuided:
         if not self.unfreeze_rule(ctx):
             return None
         if self.config.rule == "paper":  # refreeze soon: halve W, watch again at once
-            self.window = max(self.config.min_window, self.window // 2)
+            self.window = max(min(MIN_WINDOW, self.config.window), self.window // 2)
         else:  # wait until the loss has settled at the new learning rate
             self.stage = "bootstrap"
             self.bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
@@ -344,8 +344,8 @@ class KnowledgeGuided:
             resolve_precision(cfg.reference_precision),
             window=self.window,
             tolerance_ratio=cfg.tolerance_ratio,
-            refresh_every=cfg.reference_refresh,
-            threads=controller_threads(self.executor_kind, cfg.reference_threads, cpus),
+            refresh_every=1,  # after every reading: a reading measures the last n steps' drift
+            threads=controller_threads(self.executor_kind, cpus),
             cpu_threshold=cfg.cpu_threshold,
             span=self.span,
             fixed_probe=cfg.fixed_probe,
@@ -357,19 +357,19 @@ class KnowledgeGuided:
 
     @property
     def span(self) -> int:
-        """Modules read at each evaluation: 1 under the paper's rule, else ``watch_span``
-        (None: every freezable module)."""
+        """Modules read at each evaluation: 1 under the paper's rule, else every freezable
+        module."""
         assert self._binding is not None
         if self.config.rule == "paper":
             return 1
-        return self.config.watch_span or self._binding.partition.freezable
+        return self._binding.partition.freezable
 
     def _configured_executor(self, spec: ControllerSpec) -> Executor:
         cfg = self.config
         return make_executor(
             self.executor_kind,
             spec,
-            max_in_flight=cfg.max_in_flight,
+            max_in_flight=MAX_IN_FLIGHT,
             timeout=cfg.controller_timeout,
             start_method=cfg.start_method,
         )
