@@ -36,6 +36,7 @@ warnings.filterwarnings("ignore", module=r"torch\.ao(\..*)?")
 import torch  # noqa: E402
 
 import egeria  # noqa: E402
+from egeria.policies import knowledge  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
 from egeria.harness import classification_loss, train  # noqa: E402
 from egeria.machine import describe_machine  # noqa: E402
@@ -86,8 +87,11 @@ def run_once(task, config: egeria.EgeriaConfig | None) -> dict:
 
 
 def egeria_config(n: int, threads: int) -> egeria.EgeriaConfig:
+    """Readings every n steps from the first check of the loss on (bootstrapping ends at
+    once), none of which ever freezes anything (W = 10**6)."""
+    knowledge.BOOTSTRAP_CHANGE_RATE = 1e9
     return egeria.EgeriaConfig(
-        eval_interval=n, window=10**6, bootstrap_change_rate=1e9,
+        eval_interval=n, window=10**6,
         executor="process", controller_cpus=list(range(threads)),  # one controller thread per core named
     )
 

@@ -2,7 +2,7 @@
 the demo's data, model, schedule and seeded batch order, Egeria under ``EgeriaConfig`` with
 the fields given changed, or plain training.
 
-    .venv/bin/python benchmarks/demo_arm.py SEED egeria unfreeze_lr_drop=10 [FIELD=VALUE ...]
+    .venv/bin/python benchmarks/demo_arm.py SEED egeria horizon=0.001 [FIELD=VALUE ...]
     .venv/bin/python benchmarks/demo_arm.py SEED plain
     .venv/bin/python benchmarks/demo_arm.py SEED egeria --history FILE [FIELD=VALUE ...]
 

@@ -18,7 +18,7 @@
 # baselines that way, one run at a time).
 # EGERIA names the command to run (default .venv/bin/egeria). Egeria's runs train through
 # the activation cache (--cache, as the paper's figures); EGERIA_SET adds config fields to
-# them, e.g. EGERIA_SET="--set rule=egeria --set max_frozen=5". Seed 0 also runs without
+# them, e.g. EGERIA_SET="--set rule=egeria --set max_frozen_flops=0.9". Seed 0 also runs without
 # the cache, so that the report shows the cache's effect apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."

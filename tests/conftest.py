@@ -15,6 +15,16 @@ def _seed() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _library_constants(monkeypatch) -> None:
+    """Egeria's constants as the library has them after every test (tiny.quick_config
+    changes two of them)."""
+    from egeria.policies import knowledge
+
+    for name in ("BOOTSTRAP_CHANGE_RATE", "TOLERANCE_RATIO"):
+        monkeypatch.setattr(knowledge, name, getattr(knowledge, name))
+
+
+@pytest.fixture(autouse=True)
 def _quiet_deprecations():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

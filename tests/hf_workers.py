@@ -80,7 +80,7 @@ def train_two_ranks(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    callback = EgeriaCallback(quick_config(fixed_probe=True, tolerance_ratio=1.0))
+    callback = EgeriaCallback(quick_config(tolerance_ratio=1.0))
     recorder = _DDPRecorder(callback, world)
     args = transformers.TrainingArguments(
         output_dir=out, max_steps=40, per_device_train_batch_size=4, gradient_accumulation_steps=2,

@@ -30,7 +30,7 @@ def _fresh(steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, egeria.E
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    eg = egeria.Egeria(model, opt, config=quick_config(window=3, fixed_probe=True))
+    eg = egeria.Egeria(model, opt, config=quick_config(window=3))
     train(model, opt, eg, DATA[:steps])
     return model, opt, eg
 
@@ -164,7 +164,8 @@ def _state_variants(state: dict, count: int) -> list[tuple[dict, str]]:
     # Every top-level and policy field at least once, the rest drawn at random.
     chosen = [p for p in paths if len(p) <= 2 or p[:3] == ("policy_state", "link", "controller")][:80]
     chosen += rng.sample(paths, min(count - len(chosen), len(paths)))
-    return _tensor_variants(state) + [_mutated(state, rng, p) for p in chosen]
+    undigested = ({k: v for k, v in state.items() if k != "digest"}, "the digest removed")
+    return [*_tensor_variants(state), undigested] + [_mutated(state, rng, p) for p in chosen]
 
 
 def _consistent(model, opt, eg) -> None:

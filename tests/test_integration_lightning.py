@@ -22,9 +22,9 @@ from tiny import quick_config  # noqa: E402
 
 
 def _rule() -> egeria.EgeriaConfig:
-    """Egeria's own rule, quick to decide: every step, W = 3, each reading on one fixed
-    probe, a tolerance as large as the first slopes."""
-    return quick_config(fixed_probe=True, tolerance_ratio=1.0)
+    """The paper's rule, quick to decide: every step, W = 3, a tolerance as large as the
+    first slopes."""
+    return quick_config(tolerance_ratio=1.0)
 
 
 def _fit(callback: EgeriaCallback, *, data_repeats: int, extra: tuple = (), ckpt_path=None, **trainer_kw):

@@ -156,18 +156,21 @@ def test_bad_policy_choices_are_clear_errors():
 
 
 @pytest.mark.parametrize("policy", ["linear", "egeria"])
-def test_max_frozen_caps_the_frozen_prefix_for_every_policy(policy):
+def test_max_frozen_flops_caps_the_frozen_prefix_for_every_policy_it_is_given_to(policy):
     from tiny import quick_config
 
+    # Chain's weight computation per sample: stem 8x16, four blocks 16x16 each, head 16x3
+    # (1,200 multiply-adds): the stem's linear layer, its norm and dropout (none) and the
+    # first block hold 32% of it, with the second block 53%.
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     if policy == "linear":
-        config = egeria.EgeriaConfig(policy="linear", policy_options={"start": 0.1}, max_frozen=2)
+        config = egeria.EgeriaConfig(policy="linear", policy_options={"start": 0.1}, max_frozen_flops=0.4)
         eg = egeria.Egeria(model, opt, config=config, total_steps=60)
     else:
-        eg = egeria.Egeria(model, opt, config=quick_config(window=3, rule="egeria", max_frozen=2))
+        eg = egeria.Egeria(model, opt, config=quick_config(window=3, rule="egeria", max_frozen_flops=0.4))
     train(model, opt, eg, batches(1) * 60)
-    assert len(eg.frozen) == 2 and eg.partition.freezable == 2 < len(eg.modules) - 1
-    with pytest.raises(ValueError, match="max_frozen=0"):
-        egeria.EgeriaConfig(max_frozen=0)
+    assert eg.frozen == eg.modules[:3] == ["stem.0", "stem.1..stem.2", "blocks.0"] and eg.partition.freezable == 3
+    with pytest.raises(ValueError, match="max_frozen_flops=0"):
+        egeria.EgeriaConfig(max_frozen_flops=0)

@@ -21,14 +21,14 @@ from fakes import Recorder
 from tiny import Chain, batches, quick_config, train
 
 
-def _controller(span: int, fixed_probe: bool = False, window: int = 3, precision: str = "fp32",
+def _controller(span: int, window: int = 3, precision: str = "fp32",
                 floor_ratio: float | None = None, horizon: float | None = None):
     torch.manual_seed(0)
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     spec = ControllerSpec(
         partition, float_snapshot(model), precision, window=window, tolerance_ratio=0.2, refresh_every=1, threads=1,
-        cpu_threshold=None, span=span, fixed_probe=fixed_probe, floor_ratio=floor_ratio, horizon=horizon,
+        cpu_threshold=None, span=span, floor_ratio=floor_ratio, horizon=horizon,
     )
     return model, partition, InlineExecutor(spec)
 
@@ -55,18 +55,6 @@ def test_modules_whose_plasticity_is_flat_freeze_together_when_watched_together(
     assert [len(r.readings) for r in results[1:6]] == [watched] * 5
     assert results[6].decision is not None
     assert results[6].decision.modules == tuple(partition.names[:watched])
-
-
-def test_a_fixed_probe_reads_the_first_batch_every_time():
-    readings = {}
-    for fixed in (False, True):
-        # bf16: a reference error that depends on the batch (fp32 would read 0 on any batch)
-        model, _, executor = _controller(span=1, fixed_probe=fixed, precision="bf16")
-        g = torch.Generator().manual_seed(3)
-        results = [_evaluate(executor, model, seq, torch.randn(16, 8, generator=g)) for seq in range(1, 5)]
-        readings[fixed] = [r.readings[0]["plasticity"] for r in results[1:]]
-    assert len(set(readings[True])) == 1  # same weights, same probe: the same reading
-    assert len(set(readings[False])) == 3  # a new batch each time
 
 
 def test_the_default_rule_reads_modules_before_their_predecessor_freezes():
@@ -109,8 +97,6 @@ def test_bad_rule_options_are_named():
         egeria.EgeriaConfig(rule="fast")
     with pytest.raises(ValueError, match="probe_size=-1"):
         egeria.EgeriaConfig(probe_size=-1)
-    with pytest.raises(ValueError, match="activation_mode='eval'"):
-        egeria.EgeriaConfig(fixed_probe=True, activation_mode="train")
     with pytest.raises(ValueError, match="probe_size.*activation_mode='eval'"):
         egeria.EgeriaConfig(probe_size=8, activation_mode="train")
 
@@ -289,21 +275,18 @@ def test_without_a_known_schedule_only_the_slope_test_or_the_floor_can_settle_a_
 def test_fields_left_at_none_take_the_rules_own_values_and_follow_a_change_of_rule():
     default = egeria.EgeriaConfig()
     assert default.rule == "egeria"
-    assert (default.window, default.horizon, default.unfreeze_lr_drop, default.max_frozen_flops) == (
-        3, 0.0005, math.inf, 0.75
-    )
+    assert (default.window, default.horizon, default.max_frozen_flops) == (3, 0.0005, 0.75)
     assert default.floor_ratio == 8.0
     paper = default.replace(rule="paper")  # the paper's Algorithm 1 with the paper's settings
-    assert (paper.window, paper.horizon, paper.unfreeze_lr_drop, paper.max_frozen_flops) == (10, None, 10.0, None)
+    assert (paper.window, paper.horizon, paper.max_frozen_flops) == (10, None, None)
     assert paper.floor_ratio is None
     assert paper == egeria.EgeriaConfig(rule="paper")
     mine = egeria.EgeriaConfig(rule="paper", window=5, horizon=0.2)  # values given stay under either rule
     assert (mine.replace(rule="egeria").window, mine.replace(rule="egeria").horizon) == (5, 0.2)
-    assert mine.replace(rule="egeria").unfreeze_lr_drop == math.inf
     baseline = egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 2})
-    assert baseline.max_frozen_flops is None and baseline.unfreeze_lr_drop == 10.0  # a baseline is not capped
-    written = json.loads(json.dumps(default.to_dict(), allow_nan=False))  # strict JSON: no infinity
-    assert written["unfreeze_lr_drop"] == "inf" and "_from_rule" not in written
+    assert baseline.max_frozen_flops is None  # a baseline is not capped unless a cap is given
+    written = json.loads(json.dumps(default.to_dict(), allow_nan=False))  # strict JSON
+    assert "_from_rule" not in written
     assert egeria.EgeriaConfig(**written) == default
 
 
@@ -312,9 +295,11 @@ def test_under_egerias_default_a_learning_rate_drop_unfreezes_nothing():
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[40], gamma=0.1)
-    # unfreeze_lr_drop left to the rule (never); no outlook condition, so modules freeze
-    # before the drop (with unfreeze_lr_drop=10 the drop at step 40 unfreezes them).
-    config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=1.0)
+    # Egeria's rule never unfreezes (the paper's unfreezes at a 10x drop, as the drop at
+    # step 40 is); no outlook condition, so modules freeze before the drop.
+    assert egeria.KnowledgeGuided(egeria.EgeriaConfig()).unfreeze_lr_drop == math.inf
+    assert egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).unfreeze_lr_drop == 10.0
+    config = quick_config(rule="egeria", horizon=1.0)
     eg = egeria.Egeria(model, opt, config=config)
     train(model, opt, eg, batches(1) * 80, scheduler=sched)
     moves = [(d.step, d.action) for d in eg.events]
@@ -369,7 +354,7 @@ def test_one_criterion_reads_the_mass_ahead_from_any_schedule_and_freezes_under_
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     sched = _schedulers(opt, steps)[kind]
     every = 10 if kind == "steplr-per-epoch" else 1
-    config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=0.2, floor_ratio=0, eval_interval=2)
+    config = quick_config(rule="egeria", horizon=0.2, floor_ratio=0, eval_interval=2)
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=steps)
     model.train()
     for i, (x, y) in enumerate(batches(1) * steps):
@@ -421,7 +406,7 @@ def test_an_unknown_schedule_is_said_once_with_what_it_costs_and_only_quiet_modu
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # its step() needs a metric: unknowable ahead
-    config = quick_config(rule="egeria", unfreeze_lr_drop=None, horizon=0.5, floor_ratio=0)
+    config = quick_config(rule="egeria", horizon=0.5, floor_ratio=0)
     eg = egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=60)
     with caplog.at_level(logging.WARNING, logger="egeria"):
         decisions = train(model, opt, eg, batches(1) * 60)

@@ -85,19 +85,34 @@ def idle_step(optimizer: torch.optim.Optimizer, eg: egeria.Egeria, loss: float =
     return eg.step(torch.tensor(loss))
 
 
-def quick_config(**overrides) -> egeria.EgeriaConfig:
+def quick_config(*, bootstrap_change_rate: float = 0.5, tolerance_ratio: float = 0.2, **overrides) -> egeria.EgeriaConfig:
     """Evaluate every step with a short window so decisions come within tens of steps; an
     int8 reference on every CPU (as these tests were written; "auto" picks bf16); no cost
-    budget, whose warning depends on timing. The paper's rule, and under either rule no
-    condition on the drift still to come (``horizon`` 1.0), no cap on the computation frozen and an
-    unfreeze at a 10x LR drop, unless overridden: these tests isolate one mechanism each
-    (the defaults have their own tests)."""
+    budget, whose warning depends on timing. The paper's rule (which unfreezes at a 10x LR
+    drop), and under either rule no condition on the drift still to come (``horizon``
+    1.0) and no cap on the computation frozen, unless overridden: these tests isolate one
+    mechanism each (the defaults have their own tests).
+
+    Bootstrapping ends at a 50% change of the loss between two intervals (the library's
+    constant is 10%), so that readings start within a few steps of a tiny task; it and the
+    slope test's tolerance ratio are module constants of Egeria's policy, which this sets
+    in this process (conftest.py puts the library's back after every test)."""
+    quick_constants(bootstrap_change_rate, tolerance_ratio)
     settings = dict(
-        eval_interval=1, window=3, bootstrap_change_rate=0.5, executor="inline", reference_precision="int8",
-        cost_budget=None, rule="paper", horizon=1.0, max_frozen_flops=1.0, unfreeze_lr_drop=10.0,
+        eval_interval=1, window=3, executor="inline", reference_precision="int8",
+        cost_budget=None, rule="paper", horizon=1.0, max_frozen_flops=1.0,
     )
     settings.update(overrides)
     return egeria.EgeriaConfig(**settings)
+
+
+def quick_constants(bootstrap_change_rate: float, tolerance_ratio: float) -> None:
+    """Egeria's bootstrapping threshold and slope tolerance ratio, in this process (read
+    when a policy is built)."""
+    from egeria.policies import knowledge
+
+    knowledge.BOOTSTRAP_CHANGE_RATE = bootstrap_change_rate
+    knowledge.TOLERANCE_RATIO = tolerance_ratio
 
 
 def checkpointed(model: nn.Module, optimizer: torch.optim.Optimizer, eg: egeria.Egeria) -> tuple:

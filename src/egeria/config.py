@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence, Union
 
 from .checks import check_int
 
-__all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS"]
+__all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS", "UNFREEZE_LR_DROP"]
 
 #: Freezing rules of Egeria's own policy.
 RULES = ("paper", "egeria")
@@ -18,15 +18,21 @@ RULES = ("paper", "egeria")
 #: Algorithm 1 as published, and Egeria's own rule (the evidence for each value is in
 #: benchmarks/README.md, "Why modules freeze late or never").
 RULE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "paper": {
-        "window": 10, "unfreeze_lr_drop": 10.0, "horizon": None, "max_frozen_flops": None, "probe_size": None,
-        "floor_ratio": None,
-    },
-    "egeria": {
-        "window": 3, "unfreeze_lr_drop": math.inf, "horizon": 0.0005, "max_frozen_flops": 0.75, "probe_size": 32,
-        "floor_ratio": 8.0,
-    },
+    "paper": {"window": 10, "horizon": None, "max_frozen_flops": None, "probe_size": None, "floor_ratio": None},
+    "egeria": {"window": 3, "horizon": 0.0005, "max_frozen_flops": 0.75, "probe_size": 32, "floor_ratio": 8.0},
 }
+#: The learning-rate drop since the frontmost module froze that unfreezes every module,
+#: per rule: the paper's 10x step decay, and never under Egeria's own (its modules freeze
+#: once the drift still to come is small, after the decays that matter, and unfreezing
+#: then refreezing cost accuracy at full length). Another rule of the user's goes to
+#: ``Egeria(unfreeze_rule=...)`` (egeria.unfreezing).
+UNFREEZE_LR_DROP = {"paper": 10.0, "egeria": math.inf}
+#: T = TOLERANCE_RATIO x the largest slope magnitude among a module's first three
+#: readings: the per-module tolerance of the slope test (the paper's).
+TOLERANCE_RATIO = 0.2
+#: Bootstrapping ends when the relative change of the smoothed training loss between two
+#: consecutive intervals of n steps falls below this (the paper's 10%).
+BOOTSTRAP_CHANGE_RATE = 0.10
 #: n when ``eval_interval`` is None: Egeria's rule reads every this many steps, and the
 #: paper's guideline n is raised to it. The paper evaluates every ~10 to ~100 iterations
 #: (section 3.2); its guideline gives n = 5 for a 1,400-step run, where a reading spans too
@@ -42,6 +48,16 @@ MAX_IN_FLIGHT = 2
 #: A freeze decision is applied at most this many evaluation intervals (n steps each)
 #: after the evaluation it came from; a later one is discarded and the watch restarts.
 MAX_LAG_INTERVALS = 2
+#: Fields of earlier 0.x versions, with what took their place.
+REMOVED = {
+    "tolerance_ratio": "removed: the slope test's ratio is the paper's, egeria.config.TOLERANCE_RATIO",
+    "bootstrap_change_rate": "removed: bootstrapping ends at the paper's 10%, egeria.config.BOOTSTRAP_CHANGE_RATE",
+    "unfreeze_lr_drop": "removed: each rule has its own (egeria.config.UNFREEZE_LR_DROP); pass "
+                        "Egeria(unfreeze_rule=egeria.LRDropRule(factor)) for another",
+    "max_frozen": "removed: max_frozen_flops caps the frozen share of the model's weight computation",
+    "fixed_probe": "removed: a fixed probe did not make readings quieter (benchmarks/README.md)",
+    "max_frozen_params": "removed: max_frozen_flops caps the frozen share of the model's weight computation",
+}
 #: Precisions the reference model can run in.
 PRECISIONS = ("auto", "int8", "bf16", "fp32")
 REFERENCE_DEVICES = ("cpu", "model")
@@ -58,7 +74,7 @@ class EgeriaConfig:
     """Knobs of knowledge-guided layer freezing (paper sections 3 and 4.2).
 
     The default rule is Egeria's own (``rule="egeria"``); ``rule="paper"`` is the paper's
-    Algorithm 1 with the paper's settings. ``window``, ``unfreeze_lr_drop``,
+    Algorithm 1 with the paper's settings. ``window``,
     ``horizon``, ``max_frozen_flops``, ``probe_size`` and ``floor_ratio`` left at None take the rule's own values
     (:data:`RULE_DEFAULTS`; a baseline ``policy`` takes the paper's, which cap nothing); a
     value given is kept under either rule. Values are checked
@@ -80,12 +96,6 @@ class EgeriaConfig:
     # so the W readings confirm a level rather than guard against noise at a high
     # learning rate).
     window: int | None = None
-    # T = tolerance_ratio x the largest slope magnitude among a module's first three
-    # readings: the per-module tolerance of the freezing rule.
-    tolerance_ratio: float = 0.2
-    # Bootstrapping ends when the relative change of the smoothed training loss between
-    # two consecutive intervals of n steps falls below this.
-    bootstrap_change_rate: float = 0.10
     # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
     # or "auto": bf16 (its refresh is a cast, and floor_ratio is measured
     # with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values).
@@ -97,21 +107,12 @@ class EgeriaConfig:
     # accelerator's speed, taking a little of its time between steps (int8 kernels are
     # CPU-only).
     reference_device: str = "cpu"
-    # Unfreeze every module when the learning rate has dropped by this factor or more
-    # since the frontmost module froze. None: the rule's own, 10 (paper: a 10x step decay)
-    # or never (egeria, math.inf, written "inf" by to_dict(): its modules freeze after a
-    # decay, and unfreezing then refreezing cost accuracy at full length).
-    unfreeze_lr_drop: float | str | None = None
     # Layer modules: None = automatic (building blocks grouped in execution order);
     # a list of module names; or a regular expression matched against module names.
     modules: Union[str, Sequence[str], None] = None
     # Upper bound on the number of automatic layer modules; small neighbouring blocks
     # are merged until at most this many remain.
     max_modules: int = 8
-    # At most this many leading layer modules ever freeze (None: all but the head). A
-    # guard that keeps the last stages training; on resnet-fmnist freezing all 7
-    # freezable modules after the first LR drop cost 0.3-0.6 points (benchmarks/README.md).
-    max_frozen: int | None = None
     # At most the leading modules holding this share of the model's weight computation
     # ever freeze: the multiply-adds of its linear and convolutional weights in the first
     # forward pass (egeria.partition.weight_flops), whose shares are those of the backward
@@ -119,7 +120,7 @@ class EgeriaConfig:
     # a quarter of the model's weight computation keeps training. On ResNet-20 the stem
     # and stages 1-2 hold two thirds of it and stage 3 the rest (freezing stage 3 too cost
     # 0.3 points on resnet-fmnist); on a 6-layer encoder it allows 4 layers, as AutoFreeze
-    # froze). A baseline policy is not capped by it.
+    # froze). A baseline policy is capped only by a value given. 1.0: no cap.
     max_frozen_flops: float | None = None
     # The freezing rule. "paper": Algorithm 1 as published: one module watched at a time,
     # each starting its history when the one before it froze; after an unfreeze W is
@@ -135,9 +136,6 @@ class EgeriaConfig:
     # 2 CPU cores a ResNet-20 reading on 128 samples cost 37% of a step, so the 1% budget
     # stretched n to 39; on 32 samples n stays 20) or the whole batch (paper).
     probe_size: int | None = None
-    # Every reading runs on the same probe (the first evaluation's batch) instead of its
-    # own batch, so readings carry no batch-to-batch noise. Needs activation_mode="eval".
-    fixed_probe: bool = False
     # Egeria's criterion: a module whose readings have settled (the slope test over W
     # readings) freezes once the drift still to come is at most this share of the largest
     # it has had in the run. The drift still to come is the module's pace (its drift per
@@ -215,18 +213,14 @@ class EgeriaConfig:
                 object.__setattr__(self, name, value)
                 taken.append(name)
         object.__setattr__(self, "_from_rule", frozenset(taken))
-        if self.unfreeze_lr_drop == "inf":  # as to_dict() writes math.inf (JSON has no infinity)
-            object.__setattr__(self, "unfreeze_lr_drop", math.inf)
         _check_optional_positive_int(self, "eval_interval")
         _check_positive_int(self, "window")
         _check_positive_int(self, "max_modules")
-        _check_optional_positive_int(self, "max_frozen")
         if self.max_modules < 2:
             raise ValueError(
                 f"EgeriaConfig.max_modules={self.max_modules!r}: at least 2 modules are needed "
                 "(the last one, the head, is never frozen)"
             )
-        _check_positive(self, "tolerance_ratio")
         if self.horizon is not None:
             _check_positive(self, "horizon", share="of a module's largest drift still to come")
         _check_optional_ratio(self, "floor_ratio")
@@ -235,28 +229,10 @@ class EgeriaConfig:
         if self.cost_budget is not None:
             _check_positive(self, "cost_budget", share="of training time, 0.01 for 1%; None: no budget")
         _check_optional_positive_int(self, "probe_size")
-        if not isinstance(self.fixed_probe, bool):
-            raise ValueError(f"EgeriaConfig.fixed_probe={self.fixed_probe!r} must be True or False")
         if self.probe_size is not None and self.activation_mode != "eval":
             raise ValueError(
                 "EgeriaConfig.probe_size reads a part of the batch, while the training forward pass sees all of "
                 f"it; it needs activation_mode='eval', not {self.activation_mode!r}"
-            )
-        if self.fixed_probe and self.activation_mode != "eval":
-            raise ValueError(
-                "EgeriaConfig.fixed_probe=True reads a fixed batch, which the training forward pass does not "
-                f"see; it needs activation_mode='eval', not {self.activation_mode!r}"
-            )
-        _check_positive(self, "bootstrap_change_rate")
-        drop = self.unfreeze_lr_drop
-        if not (_finite_number(drop) or drop == math.inf) or drop <= 1.0:
-            if isinstance(drop, bool) or not isinstance(drop, (int, float)):
-                problem = f"must be a number > 1, not {type(drop).__name__}"
-            else:  # nan reads as "must be > 1" too
-                problem = "must be > 1"
-            raise ValueError(
-                f"EgeriaConfig.unfreeze_lr_drop={drop!r} {problem} "
-                "(the factor by which the learning rate must fall; math.inf: never)"
             )
         if self.reference_precision not in PRECISIONS:
             raise ValueError(
@@ -329,7 +305,11 @@ class EgeriaConfig:
         known = {f.name for f in fields(self) if f.init}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ValueError(f"EgeriaConfig has no field {unknown[0]!r}; fields: {', '.join(sorted(known))}")
+            hint = REMOVED.get(unknown[0])
+            raise ValueError(
+                f"EgeriaConfig has no field {unknown[0]!r}"
+                + (f" ({hint})" if hint else f"; fields: {', '.join(sorted(known))}")
+            )
         return dataclasses.replace(self, **{**{name: None for name in self._from_rule}, **changes})
 
     def to_dict(self) -> dict:
@@ -338,8 +318,6 @@ class EgeriaConfig:
         if out["modules"] is not None and not isinstance(out["modules"], str):
             out["modules"] = list(out["modules"])
         out["policy_options"] = dict(out["policy_options"])
-        if out["unfreeze_lr_drop"] == math.inf:
-            out["unfreeze_lr_drop"] = "inf"  # never; strict JSON has no infinity
         if out["controller_cpus"] is not None:
             out["controller_cpus"] = list(out["controller_cpus"])
         return out

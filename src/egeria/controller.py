@@ -22,9 +22,6 @@ module, give a reading for each (``span=1`` is the paper's one module at a time)
 front module freezes when its rule says so, and with it every module right behind it whose
 own rule already says so.
 
-With ``fixed_probe`` every reading uses the batch of the first evaluation (the *probe*)
-instead of the evaluation's own batch, so readings carry no batch-to-batch noise.
-
 With ``floor_ratio`` the controller also measures each watched module's *floor* right
 after a refresh: the SP loss between the refreshed reference and the training activations
 of the same weights and batch, i.e. what a reading reads when the module has not moved.
@@ -47,14 +44,12 @@ import torch
 from torch import nn
 
 from .decision import Decision
-from .nested import map_leaves, map_tensors
 from .partition import Partition
 from .protocol import Readout, Request, Result
 from .reference import ReferenceModel
 from .rule import FrontRule
-from .serialization import decode_tensor, encode_tensor
 from .similarity import Gram, sp_loss
-from .statecheck import Spec, StateError, encoded_tensor, index_keys, integer, items, mapping, nested, number, optional, record, sequence
+from .statecheck import Spec, index_keys, integer, mapping, number, optional, record
 from .threads import limited_threads
 from .truncated import outputs_until
 from .weights import as_mapping
@@ -77,7 +72,6 @@ class Controller:
         refresh_every: refresh the reference every this many readings.
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
-        fixed_probe: read every evaluation on the first evaluation's batch.
         horizon, regimes, floor_ratio: as in :class:`~egeria.rule.FrontRule`.
     """
 
@@ -92,7 +86,6 @@ class Controller:
         refresh_every: int = 1,
         threads: int | None = 1,
         span: int = 1,
-        fixed_probe: bool = False,
         horizon: float | None = None,
         regimes: bool = False,
         floor_ratio: float | None = None,
@@ -103,10 +96,8 @@ class Controller:
         self.refresh_every = refresh_every
         self.threads = threads
         self.span = span
-        self.fixed_probe = fixed_probe
         self.rule = FrontRule(window, tolerance_ratio, horizon=horizon, regimes=regimes, floor_ratio=floor_ratio)
         self.floors: dict[int, float] = {}  # each watched module's floor at the latest refresh
-        self.probe: tuple | None = None
         self.reference: ReferenceModel | None = None
         self.restart(generation=0, frozen=0, window=window)
 
@@ -129,21 +120,13 @@ class Controller:
             and request.module < self.partition.freezable
         )
 
-    def _batch(self, request: Request) -> tuple:
-        """The batch a reading runs on: the request's, or the probe."""
-        if not self.fixed_probe:
-            return request.batch
-        if self.probe is None:
-            self.probe = request.batch
-        return self.probe
-
     @torch.no_grad()
     def reference_activation(self, request: Request) -> list[torch.Tensor] | None:
         """The reference's activations at the watched modules for the reading's batch
         (None: stale, or no reference yet)."""
         if not self.is_current(request):
             return None
-        batch = self._batch(request)
+        batch = request.batch
         if request.final_weights is not None and self.reference is not None:
             self.reference.refinalize(as_mapping(request.final_weights), request.final_modules, batch)
         if self.reference is None:
@@ -175,7 +158,7 @@ class Controller:
             return answer(note="building")
         training = readout.activation
         if training is None:
-            training = self._front(weights, self._batch(request), watched)
+            training = self._front(weights, request.batch, watched)
         training = [t if isinstance(t, Gram) else t.float() for t in training]
         values = [float(sp_loss(t, r)) for t, r in zip(training, reference)]
         if not all(math.isfinite(v) for v in values):
@@ -270,7 +253,7 @@ class Controller:
         training activations for these weights and the request's batch) and a
         ``floor_ratio``, measures the floors."""
         assert self.reference is not None
-        batch = self._batch(request)
+        batch = request.batch
         self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
         self.refreshed_ahead = request.mass_ahead
@@ -288,7 +271,7 @@ class Controller:
 
     def restart(self, generation: int, frozen: int, window: int) -> None:
         """Forget the reference and the watches; watch from module ``frozen`` with window
-        ``window`` (the probe and the outlooks' largest values are kept).
+        ``window`` (the outlooks' largest values are kept).
 
         Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
         that reached it too late (the frozen set the worker actually has).
@@ -311,7 +294,6 @@ class Controller:
             "refreshed_ahead": self.refreshed_ahead,
             "floors": {str(i): v for i, v in self.floors.items()},
             "reference": None if self.reference is None else self.reference.state_dict(live),
-            "probe": None if self.probe is None else map_tensors(self.probe, encode_tensor),
         }
 
     @staticmethod
@@ -320,7 +302,6 @@ class Controller:
         (the controller had taken every restart the link sent: the same generation), for
         ``partition`` of a model whose state is ``weights``."""
         modules = len(partition)
-        probe_leaf = nested(_probe_leaf)
         return record(
             {
                 "generation": integer(generation, generation),
@@ -330,7 +311,6 @@ class Controller:
                 "refreshed_ahead": optional(number(0)),
                 "floors": mapping(number(0), keys=index_keys(0, modules - 1)),
                 "reference": optional(ReferenceModel.state_spec(partition, weights)),
-                "probe": optional(sequence(items(probe_leaf), mapping(probe_leaf))),
             },
             optional=("floors",),
         )
@@ -342,10 +322,6 @@ class Controller:
         self.readings_since_refresh = int(state["readings_since_refresh"])
         self.refreshed_ahead = state["refreshed_ahead"]
         self.floors = {int(i): float(v) for i, v in state.get("floors", {}).items()}  # absent before floors
-        self.probe = None
-        if state["probe"] is not None:
-            args, kwargs = map_leaves(state["probe"], _is_encoded, decode_tensor)
-            self.probe = (tuple(args), dict(kwargs))
         self.reference = None
         saved = state["reference"]
         if saved is not None and saved["precision"] != self.precision:
@@ -373,14 +349,3 @@ class Controller:
     def _name(self, index: int) -> str:
         return self.partition.modules[index].name
 
-
-def _probe_leaf(value: object, path: str) -> None:
-    """A saved probe holds tensors and plain values (the call's other arguments)."""
-    if isinstance(value, dict):
-        encoded_tensor()(value, path)
-    elif value is not None and type(value) not in (bool, int, float, str):
-        raise StateError(path, value, "is not a tensor or a plain value")
-
-
-def _is_encoded(value: object) -> bool:
-    return isinstance(value, dict) and set(value) == {"dtype", "shape", "data"}

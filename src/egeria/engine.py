@@ -58,7 +58,7 @@ __all__ = ["Egeria"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_FORMAT = 4
+_STATE_FORMAT = 5
 
 
 class Egeria:
@@ -492,16 +492,16 @@ class Egeria:
         return self._partition
 
     def _capped(self, partition: Partition, saved_flops: list[float] | None = None) -> Partition:
-        """``partition`` with at most ``config.max_frozen`` freezable modules and, under
-        Egeria's own policy, holding at most ``config.max_frozen_flops`` of the model's
-        weight computation (a rule setting: a baseline or a policy object of the user's is
-        not capped by it). Where the cap leaves nothing to freeze, one WARNING says why and
-        what to change (a model of one layer module, or max_frozen=0, is refused outright)."""
-        if self.config.max_frozen is not None:
-            partition.freezable = min(partition.freezable, self.config.max_frozen)
+        """``partition`` with its freezable modules holding at most
+        ``config.max_frozen_flops`` of the model's weight computation, under Egeria's own
+        policy or a baseline the config names (which takes no cap unless one is given); a
+        policy object of the user's is not capped by it. Where the cap leaves nothing to
+        freeze, one WARNING says why and what to change (a model of one layer module is
+        refused outright)."""
         flops = self._module_flops(partition, saved_flops)
         share = self.config.max_frozen_flops
-        if share is not None and isinstance(self.policy, KnowledgeGuided) and flops is not None and sum(flops) > 0:
+        capped = isinstance(self.policy, KnowledgeGuided) or self.config.policy != "egeria"
+        if share is not None and capped and flops is not None and sum(flops) > 0:
             allowed = leading_within(flops, share, partition.freezable)
             if allowed == 0 < partition.freezable:
                 self._nothing_can_freeze(

@@ -64,7 +64,6 @@ class ControllerSpec:
     threads: int | None
     cpu_threshold: float | None
     span: int = 1
-    fixed_probe: bool = False
     cpus: tuple[int, ...] | None = None  # cores the controller process may use
     horizon: float | None = None  # freeze once the drift still to come is this share of its largest (rule="egeria")
     regimes: bool = False  # a learning-rate change restarts the watches' averages (rule="egeria")
@@ -80,7 +79,6 @@ class ControllerSpec:
             refresh_every=self.refresh_every,
             threads=self.threads,
             span=self.span,
-            fixed_probe=self.fixed_probe,
             horizon=self.horizon,
             regimes=self.regimes,
             floor_ratio=self.floor_ratio,

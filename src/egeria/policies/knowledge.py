@@ -29,7 +29,10 @@ from torch import nn
 from .. import device
 from ..bootstrap import BootstrapMonitor
 from ..budget import CostBudget
-from ..config import MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, EgeriaConfig
+from ..config import (
+    BOOTSTRAP_CHANGE_RATE, MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
+    UNFREEZE_LR_DROP, EgeriaConfig,
+)
 from ..controller import Controller
 from ..decision import Decision
 from ..device import HostCopy, LocalCopy, handoff
@@ -85,13 +88,14 @@ class KnowledgeGuided:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config if config is not None else EgeriaConfig()
-        self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.config.unfreeze_lr_drop)
-        self._checked_cycles = unfreeze_rule is not None or self.config.unfreeze_lr_drop == math.inf
+        self.unfreeze_lr_drop = UNFREEZE_LR_DROP[self.config.rule]
+        self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.unfreeze_lr_drop)
+        self._checked_cycles = unfreeze_rule is not None or self.unfreeze_lr_drop == math.inf
         self._executor_factory = executor
         self.stage = "bootstrap"
         self.window = self.config.window
         self.eval_interval: int | None = self.config.eval_interval
-        self.bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
+        self.bootstrap = BootstrapMonitor(BOOTSTRAP_CHANGE_RATE)
         self.lr_at_freeze: float | None = None
         self.freeze_step: int | None = None
         self.link: ControllerLink | None = None
@@ -242,7 +246,7 @@ class KnowledgeGuided:
             self.window = max(min(MIN_WINDOW, self.config.window), self.window // 2)
         else:  # wait until the loss has settled at the new learning rate
             self.stage = "bootstrap"
-            self.bootstrap = BootstrapMonitor(self.config.bootstrap_change_rate)
+            self.bootstrap = BootstrapMonitor(BOOTSTRAP_CHANGE_RATE)
         self.lr_at_freeze = self.freeze_step = None
         assert self.link is not None
         self.link.restart(0, self.window)
@@ -281,13 +285,13 @@ class KnowledgeGuided:
             return None
         if not self._checked_cycles:
             self._checked_cycles = True
-            restart = rises_again(schedule.lrs.tolist(), self.config.unfreeze_lr_drop)
+            restart = rises_again(schedule.lrs.tolist(), self.unfreeze_lr_drop)
             if restart is not None:
                 logger.warning(
                     "Egeria: the learning rate rises again at step %d after falling %gx (a cyclical schedule): the "
                     "default unfreeze rule (a %gx learning-rate drop) fits annealing schedules and would unfreeze "
                     "at every cycle; pass unfreeze_rule= for cyclical ones",
-                    restart, self.config.unfreeze_lr_drop, self.config.unfreeze_lr_drop,
+                    restart, self.unfreeze_lr_drop, self.unfreeze_lr_drop,
                 )
         return schedule.lr_sum(self._binding.step() + 1)  # the evaluated step is the next one taken
 
@@ -343,12 +347,11 @@ class KnowledgeGuided:
             float_snapshot(self._binding.model, self._home),
             resolve_precision(cfg.reference_precision),
             window=self.window,
-            tolerance_ratio=cfg.tolerance_ratio,
+            tolerance_ratio=TOLERANCE_RATIO,
             refresh_every=1,  # after every reading: a reading measures the last n steps' drift
             threads=controller_threads(self.executor_kind, cpus),
             cpu_threshold=cfg.cpu_threshold,
             span=self.span,
-            fixed_probe=cfg.fixed_probe,
             cpus=cpus,
             horizon=cfg.horizon,
             regimes=cfg.rule == "egeria",
