@@ -6,7 +6,7 @@ images, batch 128, the demo's schedule), in either benchmark layout (``egeria.be
 process on the others).
 
 The three arms train at once, each in its own process, taking turns every ``--turn`` steps
-(``egeria.turns``), so the machine's drift falls on all three; the order of the arms within
+(``egeria.bench.turns``), so the machine's drift falls on all three; the order of the arms within
 a round rotates with ``--rounds``. Egeria runs its default configuration with
 ``horizon`` and ``floor_ratio`` set so that nothing freezes before its last step (its readings, controller and
 cost budget run as usual).
@@ -16,7 +16,7 @@ cost budget run as usual).
 Per arm: the training steps' time (forward, backward, optimizer, scheduler, ``eg.step``;
 the loader's time apart), the process's CPU time (user and system, every thread) and minor
 page faults over the training loop, Egeria's own counted time; the ratios to plain. Every
-arm fixes glibc's heap thresholds first (``egeria.allocator``) unless ``--heap default``.
+arm fixes glibc's heap thresholds first (``egeria.bench.allocator``) unless ``--heap default``.
 Writes ``benchmarks/results/eval_overhead/cache-turns-<layout>-<heap>-heap.json``.
 """
 
@@ -37,7 +37,7 @@ ARMS = ("plain", "egeria", "egeria-cache")
 def _start(threads: int, steady: bool) -> None:
     import torch
 
-    from egeria.allocator import steady_heap
+    from egeria.bench.allocator import steady_heap
 
     torch.set_num_threads(threads)
     if steady and not steady_heap():
@@ -55,9 +55,9 @@ def _arm(name: str, steps: int, seed: int, layout: str) -> dict:
 def _train_arm(name: str, steps: int, seed: int, overrides: dict) -> dict:
     import torch
 
-    import egeria.demo as demo
+    import egeria.bench.demo as demo
     from egeria import Egeria, EgeriaConfig
-    from egeria.turns import current
+    from egeria.bench.turns import current
 
     turns = current()
     assert turns is not None
@@ -117,7 +117,7 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict) -> dict:
 def _round(
     order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool, layout: str
 ) -> dict[str, dict]:
-    from egeria.turns import run_in_turns
+    from egeria.bench.turns import run_in_turns
 
     calls = [(name, steps, seed, layout) for name in order]
     records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads, steady))
@@ -127,8 +127,8 @@ def _round(
 def main() -> None:
     import torch
 
-    from egeria.allocator import can_fix_heap
-    from egeria.machine import describe_machine
+    from egeria.bench.allocator import can_fix_heap
+    from egeria.bench.machine import describe_machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps per arm (bootstrapping ends near 80)")
@@ -142,7 +142,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--heap", choices=("steady", "default"), default="steady",
-        help="steady: every arm fixes glibc's heap thresholds first (egeria.allocator); default: as the process starts",
+        help="steady: every arm fixes glibc's heap thresholds first (egeria.bench.allocator); default: as the process starts",
     )
     args = parser.parse_args()
     if args.heap == "steady" and not can_fix_heap():

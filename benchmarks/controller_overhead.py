@@ -6,7 +6,7 @@ For ResNet-20 on Fashion-MNIST (batch 128, SGD) and the 6-block Transformer LM o
 Treebank (batch 32, AdamW) it trains the same model from the same seed for ``--steps``
 steps under each configuration, in rounds (plain, then each Egeria configuration, then
 again), and compares training wall time (the steps after ten warm-up ones, as
-``egeria.harness.train`` times them). Egeria runs with ``executor="process"``,
+``egeria.bench.harness.train`` times them). Egeria runs with ``executor="process"``,
 bootstrapping over at the first interval, and a window W of a million readings, so every
 n-th step is a full plasticity evaluation (request, readout with the weights, reference
 forward, eval-mode front forward, SP loss, int8 refresh) and nothing ever freezes. The
@@ -36,10 +36,10 @@ warnings.filterwarnings("ignore", module=r"torch\.ao(\..*)?")
 import torch  # noqa: E402
 
 import egeria  # noqa: E402
-from egeria.policies import knowledge  # noqa: E402
+from egeria.knowledge import policy as knowledge  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
-from egeria.harness import classification_loss, train  # noqa: E402
-from egeria.machine import describe_machine  # noqa: E402
+from egeria.bench.harness import classification_loss, train  # noqa: E402
+from egeria.bench.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "controller_overhead"

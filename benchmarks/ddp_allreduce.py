@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--frozen", type=int, default=6, help="leading layer modules the static policy freezes")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/ddp/allreduce.json"))
     args = parser.parse_args()
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
 
     command = " ".join([".venv/bin/python", "benchmarks/ddp_allreduce.py", *sys.argv[1:]])
     machine = describe_machine()

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str]) -> None:
-    import egeria.demo as demo
+    import egeria.bench.demo as demo
     from egeria import EgeriaConfig
 
     if len(argv) < 2 or argv[1] not in ("plain", "egeria"):

@@ -44,8 +44,8 @@ def twin_order(epoch_order: list[int], epoch: int, steps_per_epoch: int, batch: 
 def run(seed: int, twin: int, at: int) -> dict:
     import torch
 
-    import egeria.demo as demo
-    from egeria.harness import classification_loss, train
+    import egeria.bench.demo as demo
+    from egeria.bench.harness import classification_loss, train
 
     # Read first: a missing committed demo stops the run before its minutes of training.
     committed = json.loads((ROOT / f"benchmarks/results/demo/seed{seed}/demo.json").read_text())["runs"]

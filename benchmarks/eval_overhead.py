@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     from egeria.bench import run_bench
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=["cpu", "accel"], required=True)

@@ -5,7 +5,7 @@ Issue 28 measured a 6-layer BERT-style encoder (22M parameters) fine-tuned with 
 slower per step before any freeze (562 against 539 ms) while Egeria's own work on the
 training thread was 0.7%; the two arms ran one after the other in one process. This study
 asks where such a difference comes from. Each arm runs in its own process and they take
-turns every 10 steps (egeria.turns), so the machine's drift falls on all of them alike; every
+turns every 10 steps (egeria.bench.turns), so the machine's drift falls on all of them alike; every
 arm trains the same model from the same seed on the same batches:
 
 - ``plain``: plain PyTorch;
@@ -16,7 +16,7 @@ arm trains the same model from the same seed on the same batches:
   ``floor_ratio`` off that nothing freezes;
 
 each with glibc's heap thresholds left as they are (``default``, as a user's script runs) and,
-with ``--heaps both``, also fixed (``steady``, egeria.allocator), since a run that allocates and
+with ``--heaps both``, also fixed (``steady``, egeria.bench.allocator), since a run that allocates and
 frees large buffers now and then (a reading copies the model's weights) moves glibc's dynamic
 mmap threshold. The model: ``BertForSequenceClassification`` from a ``BertConfig`` of the
 measured encoder's size (6 layers, width 384, 12 heads, feed-forward 1536, 30,522 words),
@@ -52,7 +52,7 @@ PHASES = ("forward", "backward", "optimizer", "egeria")
 def _start(heap: str) -> None:
     import torch
 
-    from egeria.allocator import steady_heap
+    from egeria.bench.allocator import steady_heap
 
     torch.set_num_threads(2)
     if heap == "steady":
@@ -73,8 +73,8 @@ def _arm(kind: str, heap: str, steps: int, seed: int) -> dict:
     import torch
 
     import egeria
-    from egeria.allocator import heap_state
-    from egeria.turns import current
+    from egeria.bench.allocator import heap_state
+    from egeria.bench.turns import current
 
     model = _model(seed).train()
     g = torch.Generator().manual_seed(seed + 1)
@@ -138,8 +138,8 @@ def _summary(run: dict) -> dict:
 
 
 def main() -> None:
-    from egeria.machine import describe_machine
-    from egeria.turns import run_in_turns
+    from egeria.bench.machine import describe_machine
+    from egeria.bench.turns import run_in_turns
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)

@@ -118,7 +118,7 @@ def _plot(result: dict, path: Path) -> None:
 
 
 def main() -> int:
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
 
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/movement_ahead.py", *sys.argv[1:]])
     oracle = json.loads(ORACLE.read_text())

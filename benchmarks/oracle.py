@@ -53,8 +53,8 @@ def distances(model: torch.nn.Module, run_path: Path, probe_size: int) -> tuple[
     weights, loaded in turn into ``model`` (the task's)."""
     import egeria
     from egeria.data import load_fashion_mnist
-    from egeria.similarity import sp_loss
-    from egeria.truncated import outputs_until
+    from egeria.knowledge.similarity import sp_loss
+    from egeria.knowledge.truncated import outputs_until
 
     probe = load_fashion_mnist(split="test", limit=probe_size).tensors[0]
     model.eval()
@@ -95,7 +95,7 @@ def egeria_run(path: Path) -> dict:
 
 
 def main() -> None:
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("plain", type=Path, help="a plain resnet-fmnist run JSON saved with --snapshots")

@@ -58,13 +58,13 @@ from torch import nn  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import LMWindows, load_fashion_mnist, load_ptb  # noqa: E402
-from egeria.harness import LossFn, classification_loss, forward_backward  # noqa: E402
-from egeria.machine import describe_machine  # noqa: E402
+from egeria.bench.harness import LossFn, classification_loss, forward_backward  # noqa: E402
+from egeria.bench.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 from egeria.partition import Partition, first_tensor  # noqa: E402
-from egeria.reference import Batch, ReferenceModel  # noqa: E402
-from egeria.similarity import sp_loss  # noqa: E402
-from egeria.truncated import run_until  # noqa: E402
+from egeria.knowledge.reference import Batch, ReferenceModel  # noqa: E402
+from egeria.knowledge.similarity import sp_loss  # noqa: E402
+from egeria.knowledge.truncated import run_until  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16", "int8")
 REF_THREADS = (1, 2)

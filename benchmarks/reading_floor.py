@@ -57,10 +57,10 @@ def measured_floors(run: dict, weights: Path) -> dict[str, float]:
     import torch
 
     from egeria.partition import partition_model
-    from egeria.placement import resolve_precision
-    from egeria.reference import ReferenceModel
-    from egeria.similarity import sp_loss
-    from egeria.truncated import outputs_until
+    from egeria.knowledge.placement import resolve_precision
+    from egeria.knowledge.reference import ReferenceModel
+    from egeria.knowledge.similarity import sp_loss
+    from egeria.knowledge.truncated import outputs_until
 
     torch.manual_seed(0)
     model, data = _model_and_data(run["task"])
@@ -120,7 +120,7 @@ def phases(run: dict, floors: dict[str, float] | None, ratio: float) -> list[dic
 
 def main(argv: list[str]) -> None:
     from egeria import EgeriaConfig
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)

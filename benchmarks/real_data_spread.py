@@ -1,4 +1,4 @@
-"""The seed-to-seed spread of the real-data test's setup (tests/test_real_data.py):
+"""The seed-to-seed spread of the real-data test's setup (tests/bench/test_real_data.py):
 ResNet-8 on 4,000 Fashion-MNIST images for 5 epochs, plain and with Egeria, over seeds.
 
 The test compares one Egeria run with one plain run; its margin must cover how much
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from egeria.data import load_fashion_mnist  # noqa: E402
-from egeria.machine import describe_machine  # noqa: E402
+from egeria.bench.machine import describe_machine  # noqa: E402
 from test_real_data import run  # noqa: E402  the test's own setup
 
 

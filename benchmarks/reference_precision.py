@@ -28,8 +28,8 @@ import torch  # noqa: E402
 
 import egeria  # noqa: E402
 from egeria.data import load_fashion_mnist  # noqa: E402
-from egeria.harness import classification_loss, train  # noqa: E402
-from egeria.machine import describe_machine  # noqa: E402
+from egeria.bench.harness import classification_loss, train  # noqa: E402
+from egeria.bench.machine import describe_machine  # noqa: E402
 from egeria.models import resnet  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "controller"

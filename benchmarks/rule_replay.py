@@ -9,7 +9,7 @@ have read and decided. After it the recorded readings come from a model whose fr
 frozen, so the replay stops there: a module that would not have frozen by then is reported
 as such ("not by step N"). The runs read every module at each evaluation (``rule="egeria"``).
 
-It runs the library's own rule (:class:`egeria.rule.FrontRule`), front first as the
+It runs the library's own rule (:class:`egeria.knowledge.rule.FrontRule`), front first as the
 controller does: a module freezes at the first evaluation where it and every module before
 it have settled. Each reading gets the learning-rate mass of its interval (the sum of the
 learning rates since the previous reading) and the mass still ahead, from the run's
@@ -72,7 +72,7 @@ def schedule_of(run: dict, written):
 class RawFloors:
     """The floors a run measured, from the smoothed ones its rows recorded (the mean of the
     last W floors since the learning rate last changed 2x or more, as
-    :class:`egeria.plasticity.ModuleWatch` keeps them): each raw floor is W times the
+    :class:`egeria.knowledge.plasticity.ModuleWatch` keeps them): each raw floor is W times the
     smoothed one less the W - 1 raw floors before it."""
 
     def __init__(self) -> None:
@@ -80,7 +80,7 @@ class RawFloors:
         self.lrs: dict[str, float] = {}
 
     def raw(self, module: str, smoothed: float | None, lr: float) -> float | None:
-        from egeria.plasticity import REGIME_CHANGE
+        from egeria.knowledge.plasticity import REGIME_CHANGE
 
         previous = self.lrs.get(module)
         self.lrs[module] = lr
@@ -96,7 +96,7 @@ class RawFloors:
 
 def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, int | None]:
     """Module -> the step of the evaluation at which it would freeze (None: not by ``until``)."""
-    from egeria.rule import FrontRule
+    from egeria.knowledge.rule import FrontRule
 
     modules = []
     by_step: dict[int, dict[str, dict]] = defaultdict(dict)
@@ -134,7 +134,7 @@ def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, 
 
 
 def main() -> int:
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
 
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/rule_replay.py", *sys.argv[1:]])
     print("command:", command)

@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
     from egeria.models import TransformerLM, resnet
 
     results = [

@@ -188,11 +188,11 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
 def make_run(spec: RunSpec, finals: dict[str, dict]) -> dict:
     """Trains one run and returns its labelled windows (raw samples) and CKA curves."""
     import egeria
-    from egeria.harness import classification_loss, train
+    from egeria.bench.harness import classification_loss, train
     from egeria.models import next_token_loss
     from egeria.policies.smartfrz import stage_plan
     from egeria.policies.smartfrz_sampling import build_samples, read_sample
-    from egeria.truncated import outputs_until
+    from egeria.knowledge.truncated import outputs_until
 
     torch.manual_seed(spec.seed)
     generator = torch.Generator().manual_seed(spec.seed)
@@ -329,7 +329,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="train and report, but write no weights")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
-    from egeria.machine import describe_machine
+    from egeria.bench.machine import describe_machine
     from egeria.policies.smartfrz_predictor import WEIGHTS_VERSION, pack_weights
     from egeria.policies.smartfrz_sampling import normalise_window
 

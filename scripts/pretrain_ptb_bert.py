@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from egeria.bench import ptb_sentences as ps
 from egeria.data import load_ptb
-from egeria.machine import describe_machine
+from egeria.bench.machine import describe_machine
 
 DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "egeria" / "ptb-bert-mlm"
 

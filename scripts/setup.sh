@@ -20,4 +20,4 @@ fi
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   .venv/bin/pip install -q -c scripts/constraints.txt torch
 fi
-.venv/bin/pip install -q -c scripts/constraints.txt -e ".[test]"
+.venv/bin/pip install -q -c scripts/constraints.txt -e ".[bench,test]"

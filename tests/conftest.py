@@ -1,10 +1,27 @@
+"""Fixtures for every test, and the helpers' folder on ``sys.path``.
+
+The tests mirror the package (``tests/knowledge``, ``tests/policies``, ``tests/cache``,
+``tests/bench``, ...); what they share (tiny models and configs, fake transports, worker
+modules that spawned processes import by name) is in ``tests/helpers`` and is imported by
+module name (``from tiny import Chain``). The folder goes on ``sys.path`` here, before any
+test module is imported; processes started with ``spawn`` inherit the parent's
+``sys.path``, and a test that writes a script for a fresh interpreter puts the folder on
+its path itself (``Path(tiny.__file__).parent``).
+"""
+
 from __future__ import annotations
 
 import random
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+if str(HELPERS) not in sys.path:
+    sys.path.insert(0, str(HELPERS))
 
 
 @pytest.fixture(autouse=True)
@@ -18,7 +35,7 @@ def _seed() -> None:
 def _library_constants(monkeypatch) -> None:
     """Egeria's constants as the library has them after every test (tiny.quick_config
     changes two of them)."""
-    from egeria.policies import knowledge
+    from egeria.knowledge import policy as knowledge
 
     for name in ("BOOTSTRAP_CHANGE_RATE", "TOLERANCE_RATIO"):
         monkeypatch.setattr(knowledge, name, getattr(knowledge, name))

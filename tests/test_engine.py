@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import egeria
-import egeria.serialization
-from egeria.saved_state import sealed, without_policy_state
+import egeria.checkpoint.serialization
+from egeria.checkpoint.saved_state import sealed, without_policy_state
 from tiny import Chain, batches, checkpointed, idle_step, quick_config, tiny_cnn, train
 
 
@@ -411,7 +411,7 @@ def test_derived_eval_interval_has_a_floor_and_an_explicit_one_is_kept(monkeypat
     assert len(short.modules) == 7  # the guideline: 1,400 / (2 * 10) / 7 / 1.75 = 5.7
     assert short.eval_interval == 20  # MIN_EVAL_INTERVAL
     short.close()
-    monkeypatch.setattr(egeria.policies.knowledge, "MIN_EVAL_INTERVAL", 3)
+    monkeypatch.setattr(egeria.knowledge.policy, "MIN_EVAL_INTERVAL", 3)
     floor = egeria.Egeria(
         model, torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1_400,
         config=egeria.EgeriaConfig(rule="paper"), example_inputs=(torch.randn(2, 8),),
@@ -499,7 +499,7 @@ def test_save_and_load_a_checkpoint_folder_with_tensors_resumes_exactly(tmp_path
     # A save that fails at either file keeps the previous checkpoint whole and loadable
     # (the JSON commits it last); a later save replaces both; bad folders are clear errors.
     before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
-    real_save, real_write = torch.save, egeria.serialization._atomic_write
+    real_save, real_write = torch.save, egeria.checkpoint.serialization._atomic_write
     full = OSError(28, "No space left on device")
     monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(full))
     with pytest.raises(OSError, match="No space left"):
@@ -511,10 +511,10 @@ def test_save_and_load_a_checkpoint_folder_with_tensors_resumes_exactly(tmp_path
             raise full
         real_write(path, write)
 
-    monkeypatch.setattr(egeria.serialization, "_atomic_write", json_fails)
+    monkeypatch.setattr(egeria.checkpoint.serialization, "_atomic_write", json_fails)
     with pytest.raises(OSError, match="No space left"):
         eg2.save(tmp_path / "ckpt")
-    monkeypatch.setattr(egeria.serialization, "_atomic_write", real_write)
+    monkeypatch.setattr(egeria.checkpoint.serialization, "_atomic_write", real_write)
     kept = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
     assert kept == before  # the uncommitted tensor file went with the failed save
     _, _, eg4 = fresh()

@@ -44,9 +44,9 @@ def test_a_half_precision_model_freezes_and_its_frozen_weights_stay(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_precision_model_freezes_under_the_rounded_bf16_reference(monkeypatch, dtype):
     """The default reference on a CPU without native bf16 (fp32 on bf16-rounded values)."""
-    import egeria.quantization
+    import egeria.knowledge.quantization
 
-    monkeypatch.setattr(egeria.quantization, "native_bf16", lambda: False)
+    monkeypatch.setattr(egeria.knowledge.quantization, "native_bf16", lambda: False)
     model, eg, snapshot = _train_half(dtype, 40, precision="auto")
     assert eg.frozen and eg.controller_stats["failure"] is None
     assert snapshot and all(torch.equal(p, snapshot[n]) for n, p in model.named_parameters() if n in snapshot)

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import egeria
-from egeria.mainguard import CONTROLLER_NAME, GUARD_EXIT
+from egeria.knowledge.mainguard import CONTROLLER_NAME, GUARD_EXIT
+import tiny
 from tiny import Chain
 
-TESTS = Path(__file__).resolve().parent
+HELPERS = Path(tiny.__file__).resolve().parent  # the scripts import tiny from there
 GUARD = 'if __name__ == "__main__":'
 
 # A script as a user writes it without the guard. It records the controller processes it
@@ -26,9 +27,9 @@ GUARD = 'if __name__ == "__main__":'
 # says what became of them.
 SCRIPT = """
 import logging, multiprocessing, sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {helpers!r})
 import torch, egeria
-import egeria.executors as executors
+import egeria.knowledge.executors as executors
 from tiny import Chain, batches, quick_config, train
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -68,7 +69,7 @@ started[0].join()
 
 def run_script(tmp_path: Path, until: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train_without_guard.py"
-    script.write_text(textwrap.dedent(SCRIPT).format(tests=str(TESTS), until=until.strip()))
+    script.write_text(textwrap.dedent(SCRIPT).format(helpers=str(HELPERS), until=until.strip()))
     assert GUARD not in script.read_text()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # a bound for a hung run, not a timing: the script waits for events only
@@ -105,7 +106,7 @@ def check_trained_once(done: subprocess.CompletedProcess) -> list[str]:
 def test_a_script_without_the_guard_trains_once_and_is_told_the_fix(tmp_path):
     done = run_script(tmp_path, TRAIN_UNTIL_REPLACED)
     (warning,) = check_trained_once(done)
-    assert warning.startswith("WARNING egeria.link: Egeria: the controller's new process re-ran the script")
+    assert warning.startswith("WARNING egeria.knowledge.link: Egeria: the controller's new process re-ran the script")
     assert str(tmp_path / "train_without_guard.py") in warning
     assert "the controller now runs in a thread of this process" in warning
     assert "FALLBACKS 1" in done.stdout
@@ -115,7 +116,7 @@ def test_a_script_without_the_guard_trains_once_and_is_told_the_fix(tmp_path):
 def test_a_run_closed_before_it_saw_the_controller_end_still_says_why(tmp_path):
     done = run_script(tmp_path, WAIT_THEN_CLOSE)
     (warning,) = check_trained_once(done)
-    assert warning.startswith("WARNING egeria.executors: Egeria: the controller's new process re-ran the script")
+    assert warning.startswith("WARNING egeria.knowledge.executors: Egeria: the controller's new process re-ran the script")
     assert "FALLBACKS 0" in done.stdout
 
 

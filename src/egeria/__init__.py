@@ -5,10 +5,8 @@ from __future__ import annotations
 from .config import EgeriaConfig
 from .decision import Decision
 from .engine import Egeria
+from .knowledge import KnowledgeGuided, LRDropRule, UnfreezeContext, derive_eval_interval, sp_loss
 from .partition import LayerModule, Partition, partition_model
-from .policies import KnowledgeGuided, derive_eval_interval
-from .similarity import sp_loss
-from .unfreezing import LRDropRule, UnfreezeContext
 
 __all__ = [
     "Egeria",

@@ -46,7 +46,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace, command: str) -> int:
-    from .demo import FULL, QUICK, run_demo
+    from .bench import missing_extra
+
+    if (message := missing_extra("demo")) is not None:
+        print(message, file=sys.stderr)
+        return 2
+    from .bench.demo import FULL, QUICK, run_demo
 
     settings = QUICK if args.quick else FULL
     run_demo(
@@ -101,7 +106,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--heap", choices=HEAPS, default="steady",
         help="steady: fix glibc's heap thresholds before training, so no run pays page faults on every step "
-        "by chance (egeria.allocator); default: leave the heap as the process started (default: %(default)s)",
+        "by chance (egeria.bench.allocator); default: leave the heap as the process started (default: %(default)s)",
     )
     p.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
@@ -112,7 +117,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace, command: str) -> int:
-    from .bench import run_bench
+    from .bench import missing_extra, run_bench
+
+    if (message := missing_extra("bench")) is not None:
+        print(message, file=sys.stderr)
+        return 2
 
     result = run_bench(
         args.task,

@@ -25,7 +25,7 @@ RULE_DEFAULTS: dict[str, dict[str, Any]] = {
 #: per rule: the paper's 10x step decay, and never under Egeria's own (its modules freeze
 #: once the drift still to come is small, after the decays that matter, and unfreezing
 #: then refreezing cost accuracy at full length). Another rule of the user's goes to
-#: ``Egeria(unfreeze_rule=...)`` (egeria.unfreezing).
+#: ``Egeria(unfreeze_rule=...)`` (egeria.knowledge.unfreezing).
 UNFREEZE_LR_DROP = {"paper": 10.0, "egeria": math.inf}
 #: T = TOLERANCE_RATIO x the largest slope magnitude among a module's first three
 #: readings: the per-module tolerance of the slope test (the paper's).
@@ -179,7 +179,7 @@ class EgeriaConfig:
     # Options of a baseline policy, e.g. {"t0": 0.8, "scaling": "cubic"} for "freezeout".
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     # Where the controller runs (paper 4.1): "auto" (inline for a model on the CPU, whose
-    # cores all train; its own process beside an accelerator: egeria.placement), "process"
+    # cores all train; its own process beside an accelerator: egeria.knowledge.placement), "process"
     # (its own process; the trainer never waits for it), "thread" (a thread of the training
     # process), "inline" (inside Egeria.step(), decisions at the evaluation step).
     executor: str = "auto"
@@ -189,7 +189,7 @@ class EgeriaConfig:
     # Start method of the controller process; None follows the platform default, as
     # torch's DataLoader workers do. Under "spawn" the model must be picklable, and the
     # script's training code under `if __name__ == "__main__":` (without it the process
-    # stops and the controller runs in a thread, with one warning: egeria.mainguard).
+    # stops and the controller runs in a thread, with one warning: egeria.knowledge.mainguard).
     start_method: str | None = None
     # The controller runs a reference forward pass only while other processes use less
     # than this share of the machine's CPU time (the paper's 50%); None never waits.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .statecheck import Spec, integer, items, optional, record, text
+from .checkpoint.statecheck import Spec, integer, items, optional, record, text
 
 __all__ = ["Decision", "ACTIONS"]
 

@@ -18,7 +18,7 @@ Where each piece runs, in a plain loop::
 The engine owns the step count, the layer modules, the frozen prefix
 (:class:`~egeria.freezing.FrozenPrefix`) and the events; a policy
 (:mod:`egeria.policies`) decides *when*, the engine applies *how*, the same for every
-policy. Egeria's own rule is :class:`~egeria.policies.KnowledgeGuided`. Decisions take
+policy. Egeria's own rule is :class:`~egeria.knowledge.KnowledgeGuided`. Decisions take
 effect only inside :meth:`Egeria.step`.
 """
 
@@ -34,25 +34,26 @@ import torch
 from torch import nn
 
 from .cache.attach import attach_loader
+from .checkpoint.saved_state import check_saved_state, policy_state_spec, sealed
+from .checkpoint.serialization import read_state, write_state
+from .checkpoint.statecheck import check
 from .checks import check_int
 from .config import EgeriaConfig
 from .decision import Decision
 from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .hooks import mark
-from .mainguard import refuse_in_reimported_main
+from .knowledge import KnowledgeGuided
+from .knowledge.mainguard import refuse_in_reimported_main
+from .knowledge.unfreezing import UnfreezeRule, current_lr
 from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
 from .partition import (
     ExecutionTrace, Partition, build_partition, check_blocks, chosen_modules, find_blocks, leading_within,
 )
-from .policies import Binding, FreezePolicy, KnowledgeGuided, Move, StepInfo, make_policy
-from .saved_state import check_saved_state, policy_state_spec, sealed
-from .serialization import read_state, write_state
-from .statecheck import check
+from .policies import Binding, FreezePolicy, Move, StepInfo, make_policy
 from .stepcount import OptimizerSteps
 from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
-from .unfreezing import UnfreezeRule, current_lr
 
 __all__ = ["Egeria"]
 
@@ -569,7 +570,7 @@ class Egeria:
         """Writes :meth:`state_dict` into ``directory`` as ``egeria.json`` (a few numbers
         and names) and ``egeria-<id>.pt`` (the reference model's tensors as tensors); the
         JSON is renamed into place last, so a crash or a full disk at any point leaves the
-        previous checkpoint whole (:mod:`egeria.serialization`).
+        previous checkpoint whole (:mod:`egeria.checkpoint.serialization`).
 
         Raises:
             OSError: the files cannot be written (the previous ones are kept).

@@ -2,7 +2,7 @@
 ``torch.compile`` does not trace them.
 
 Every forward hook Egeria installs on the user's model goes through :func:`mark`; the
-controller's snapshot (:func:`egeria.weights.float_snapshot`) keeps the user's own hooks
+controller's snapshot (:func:`egeria.knowledge.weights.float_snapshot`) keeps the user's own hooks
 (weight norm, say) and drops the marked ones. Hook handle ids are unique in a process.
 
 Under ``torch.compile`` a traced hook would put guards on Egeria's Python state (the step,

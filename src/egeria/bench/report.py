@@ -403,7 +403,7 @@ def _layout_section(task_data: dict, data: dict) -> list[str]:
     if len(data["heaps"]) > 1:
         lines += [
             "**Some runs of this layout fixed their heap thresholds and some did not (`heap`: steady / default): "
-            "a default heap can cost 10% or more of a step in page faults, by chance (`egeria.allocator`); "
+            "a default heap can cost 10% or more of a step in page faults, by chance (`egeria.bench.allocator`); "
             "compare their times with care.**",
             "",
         ]

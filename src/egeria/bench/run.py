@@ -9,7 +9,7 @@ metric, the frozen modules, the trainable share of parameters and the FLOPs one 
 step executes with the current frozen set, the backward's apart (counted by
 ``torch.utils.flop_counter`` on the first step after every change of the frozen set).
 Egeria's plasticity readings and every freeze/unfreeze event go in too. Unless told
-otherwise the process fixes its glibc heap thresholds first (:mod:`egeria.allocator`), for
+otherwise the process fixes its glibc heap thresholds first (:mod:`egeria.bench.allocator`), for
 every policy alike, and records that. The schema is
 documented in ``egeria.bench.report``.
 """
@@ -24,14 +24,14 @@ from typing import Any, Mapping
 
 import torch
 
-from ..allocator import HEAPS, heap_state, steady_heap
 from ..checks import check_int
 from ..config import EgeriaConfig
 from ..engine import Egeria
-from ..harness import StepResult, train
-from ..machine import describe_machine
+from .allocator import HEAPS, heap_state, steady_heap
 from .flops import share
+from .harness import StepResult, train
 from .layouts import pinned, resolve_layout
+from .machine import describe_machine
 from .tasks import Task, build_task
 
 __all__ = ["run_bench", "POLICY_NAMES", "HEAPS", "FORMAT"]
@@ -96,10 +96,10 @@ def run_bench(
             training, as ``<stem>-snapshots/step<N>.pt`` beside the JSON (for the post-hoc
             study of when each module converged, ``benchmarks/oracle.py``).
         heap: ``"steady"`` fixes this process's glibc heap thresholds before training
-            (:func:`egeria.allocator.steady_heap`: no page faults per step by the chance of
+            (:func:`egeria.bench.allocator.steady_heap`: no page faults per step by the chance of
             the first allocations, for every policy alike); ``"default"`` leaves the heap as
             the process started. The run records the heap it trained with
-            (:func:`egeria.allocator.heap_state`: ``"default"`` where the C library is not
+            (:func:`egeria.bench.allocator.heap_state`: ``"default"`` where the C library is not
             glibc, ``"steady"`` where the process fixed it before, whatever ``heap`` says).
 
     Returns:

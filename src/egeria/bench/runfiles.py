@@ -31,8 +31,8 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from ..allocator import HEAPS
 from ..config import RULES, EgeriaConfig
+from .allocator import HEAPS
 from .layouts import LAYOUTS, LEGACY_LAYOUT, layout_of_path, split_layout_prefix
 
 __all__ = ["RUN_FORMAT", "RUN_FORMATS", "load_runs", "check_run", "layout_name", "policy_label"]

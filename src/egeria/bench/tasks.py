@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from ..harness import classification_loss
+from .harness import classification_loss
 
 __all__ = ["Task", "TASKS", "build_task", "task_of_run"]
 

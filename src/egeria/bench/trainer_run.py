@@ -49,12 +49,12 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ..allocator import HEAPS, heap_state, steady_heap
 from ..checks import check_int
 from ..config import EgeriaConfig
-from ..machine import describe_machine
+from .allocator import HEAPS, heap_state, steady_heap
 from .flops import share
 from .layouts import LAYOUTS, pinned, resolve_layout
+from .machine import describe_machine
 from .run import FORMAT, POLICY_NAMES, _code_commit
 
 __all__ = ["TRAINER_TASKS", "DEFAULT_INIT", "TrainerTask", "build_trainer_task", "run_trainer_bench", "main"]

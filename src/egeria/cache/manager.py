@@ -40,8 +40,8 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
-from ..device import HostCopy, Stopwatch, to_device, wait_for
 from ..hooks import mark
+from ..knowledge.device import HostCopy, Stopwatch, to_device, wait_for
 from ..partition import Partition
 from .prefetch import Prefetcher
 from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
@@ -393,7 +393,7 @@ class ActivationCache:
 
     def _read(self, level: _Level, keys: list[int]) -> tuple[Any, list[Any]]:
         """The level's output for ``keys`` on the model's device, and the copy events its
-        user must wait on (:func:`egeria.device.wait_for`; none on the CPU). Runs in the
+        user must wait on (:func:`egeria.knowledge.device.wait_for`; none on the CPU). Runs in the
         prefetch thread too."""
         assert level.tables is not None
         device = _device(self.model)

@@ -53,11 +53,11 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..checkpoint.saved_state import without_policy_state
+from ..checkpoint.serialization import STATE_FILE as _EGERIA_FILE
+from ..checkpoint.serialization import saved_steps
 from ..config import EgeriaConfig
 from ..engine import Egeria
-from ..serialization import STATE_FILE as _EGERIA_FILE
-from ..saved_state import without_policy_state
-from ..serialization import saved_steps
 
 try:
     from transformers import TrainerCallback

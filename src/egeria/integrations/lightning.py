@@ -54,12 +54,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..checkpoint.saved_state import without_policy_state
 from ..config import EgeriaConfig
 from ..decision import Decision
 from ..engine import Egeria
+from ..knowledge.unfreezing import UnfreezeRule
 from ..policies import FreezePolicy
-from ..saved_state import without_policy_state
-from ..unfreezing import UnfreezeRule
 
 try:
     import lightning.pytorch as pl

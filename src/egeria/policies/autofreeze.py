@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checkpoint.saved_state import SavedContext
+from ..checkpoint.statecheck import Spec, items, number, optional, record
 from ..checks import check_int
-from ..saved_state import SavedContext
-from ..statecheck import Spec, items, number, optional, record
 from .base import Binding, StepInfo
 
 __all__ = ["AutoFreeze"]

@@ -3,7 +3,7 @@
 A policy decides, at each step boundary, how many leading layer modules should be frozen;
 the engine applies that with the same mechanics for every policy (``requires_grad``,
 dropped gradients, eval-mode BatchNorm), so policies differ only in their timing.
-Egeria's own knowledge-guided rule (:class:`~egeria.policies.KnowledgeGuided`, the
+Egeria's own knowledge-guided rule (:class:`~egeria.knowledge.KnowledgeGuided`, the
 default ``policy="egeria"``) is one policy among them; the others are the baselines it is
 measured against.
 """
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Union, runtime_checka
 import torch
 from torch import nn
 
+from ..checkpoint.statecheck import record
 from ..decision import Decision
 from ..partition import Partition
-from ..statecheck import record
 
 if TYPE_CHECKING:
     from ..lr_schedule import LRSchedule
-    from ..saved_state import SavedContext
-    from ..statecheck import Spec
+    from ..checkpoint.saved_state import SavedContext
+    from ..checkpoint.statecheck import Spec
 
 __all__ = ["StepInfo", "Binding", "Move", "FreezePolicy", "StatelessPolicy"]
 
@@ -125,8 +125,8 @@ class FreezePolicy(Protocol):
     def load_state_dict(self, state: dict) -> None:
         """Restores :meth:`state_dict` output, which :meth:`state_spec` took first."""
 
-    # Optional: ``state_spec(context) -> Spec`` (:mod:`egeria.statecheck`), what a saved
-    # state must hold to fit ``context`` (:class:`egeria.saved_state.SavedContext`); the
+    # Optional: ``state_spec(context) -> Spec`` (:mod:`egeria.checkpoint.statecheck`), what a saved
+    # state must hold to fit ``context`` (:class:`egeria.checkpoint.saved_state.SavedContext`); the
     # engine checks the whole state with it before anything loads. A policy without it
     # gets its own load_state_dict's errors.
 

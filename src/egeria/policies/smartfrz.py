@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..checkpoint.serialization import decode_tensor, encode_tensor
 from ..checks import check_int
-from ..serialization import decode_tensor, encode_tensor
 from .base import Binding, Move, StepInfo
 from .smartfrz_predictor import AttentionPredictor, load_shipped
 from .smartfrz_sampling import ModuleSample, Windows, build_samples, normalise_window, read_sample

@@ -1,0 +1,526 @@
+"""A side-by-side demo: ResNet-20 on a Fashion-MNIST subset, plain PyTorch vs. Egeria.
+
+Both runs start from the same initial weights and see the same batches in the same order;
+the only difference is that the second one calls :meth:`egeria.Egeria.step` after each
+optimizer step. The two runs train at once, each in a fresh process of its own with the
+caller's torch thread count, taking turns every ``turn_steps`` steps
+(:mod:`egeria.bench.turns`): neither inherits the other's allocator and cache state (on a 2-core
+VM the first run of a process was up to 15% faster than a second one of the same work),
+and a drift of the machine's speed falls on both alike. Both processes fix glibc's heap
+thresholds first (:mod:`egeria.bench.allocator`; ``steady_heap``), so that neither pays page
+faults on every step by the chance of its first allocations. The two runs are bit-identical
+until Egeria's first freeze, which the demo checks and reports. It prints the machine and
+a table (training wall time, final test accuracy, time-to-target speedup, when each layer
+module froze and unfroze), and writes ``demo.png`` (frozen share of parameters over steps;
+accuracy vs. wall time) and ``demo.json`` (every recorded number) into ``out_dir``.
+
+Training time is measured around the training steps only (forward, backward, optimizer,
+scheduler and, in the Egeria run, ``eg.step``); the per-epoch test evaluation is excluded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+import torch
+from torch import nn
+
+from ..checks import check_int
+from ..config import EgeriaConfig
+from ..engine import Egeria
+from ..knowledge.quantization import bf16_kind
+from .allocator import can_fix_heap, heap_state, steady_heap
+from .harness import StepResult, classification_loss, train
+from .machine import describe_machine
+from .turns import current as current_turns
+from .turns import run_in_turns
+
+__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Sizes and hyperparameters of one demo run."""
+
+    # Training images (the first ``train_limit`` of Fashion-MNIST's training split).
+    train_limit: int = 12_800
+    # Test images used for the per-epoch accuracy (the first ones of the test split; all
+    # 10,000 by default, so that "the same accuracy" is read to about 0.3 points).
+    test_limit: int = 10_000
+    # Passes over the training subset: 8, so that with the learning rate dropping at 50%
+    # and 75% the modules Egeria freezes after the first drop train frozen for a third of
+    # the run.
+    epochs: int = 8
+    batch_size: int = 128
+    # SGD with momentum 0.9 and weight decay 5e-4, learning rate ``lr`` ...
+    lr: float = 0.1
+    # ... dropped 10x after each of these shares of the training steps (as the benchmark
+    # task resnet-fmnist and most step schedules: at 50% and 75%).
+    lr_drops: tuple[float, ...] = (0.5, 0.75)
+    # The two runs train at once in turns of this many steps, each in its own process, so
+    # the machine's drift (10% and more over minutes on a shared VM) falls on both alike.
+    turn_steps: int = 10
+    # Both runs' processes fix glibc's heap thresholds before training (egeria.bench.allocator):
+    # otherwise which of them pays thousands of page faults per step is a matter of chance.
+    steady_heap: bool = True
+
+
+#: The full demo: about 4 minutes per run on two CPU cores (with evaluation, 9 in all).
+FULL = DemoSettings()
+#: A smoke-test run of a few seconds of training.
+QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2)
+
+
+def run_demo(
+    out_dir: str | Path = "egeria-demo",
+    seed: int = 0,
+    train_limit: int = FULL.train_limit,
+    epochs: int = FULL.epochs,
+    progress: bool = True,
+    *,
+    settings: DemoSettings | None = None,
+    data_root: str | Path | None = None,
+    command: str | None = None,
+    stream: TextIO | None = sys.stdout,
+) -> dict:
+    """Trains ResNet-20 twice (plain and with Egeria, in turns) and reports both side by side.
+
+    Args:
+        out_dir: where ``demo.png`` and ``demo.json`` are written (created if missing).
+        seed: seeds the initial weights and the batch order of both runs.
+        train_limit: training images used; overrides ``settings.train_limit``.
+        epochs: passes over them; overrides ``settings.epochs``.
+        progress: show a tqdm progress bar per run (on stderr).
+        settings: the other sizes and hyperparameters; :data:`FULL` when None.
+        data_root: directory of the Fashion-MNIST IDX files; the loader's default when None.
+        command: the command line printed at the top; a Python call when None.
+        stream: where the machine line and the table are printed; None prints nothing.
+
+    Returns:
+        The JSON-safe dict also written to ``demo.json``: settings, machine, Egeria's
+        config, both runs' per-epoch accuracy and training time, per-step losses and
+        times, Egeria's events and plasticity history, and the summary numbers.
+    """
+    base = settings if settings is not None else FULL
+    s = DemoSettings(**{**asdict(base), "train_limit": train_limit, "epochs": epochs})
+    _check_settings(s)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if command is None:
+        command = f"python -c 'import egeria.bench.demo as d; d.run_demo(out_dir={str(out)!r}, seed={seed})'"
+    machine = describe_machine()
+    _echo(stream, f"command: {command}")
+    _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+
+    train_data, test, initial, milestones, steps_per_epoch, total_steps = prepare(s, seed, data_root)
+    config = EgeriaConfig()  # Egeria's defaults, nothing hand-picked
+    _echo(
+        stream,
+        f"ResNet-20 on {len(train_data[1])} Fashion-MNIST training images ({steps_per_epoch} steps/epoch x "
+        f"{s.epochs} epochs = {total_steps} steps, batch {s.batch_size}), accuracy on {len(test[1])} test images; "
+        f"SGD lr {s.lr:g} momentum 0.9 wd 5e-4, lr /10 at steps {', '.join(map(str, milestones))}; "
+        f"Egeria with its default configuration (rule {config.rule!r}, window {config.window}, executor "
+        f"{config.executor!r}, cost budget {config.cost_budget:.0%}"
+        f", {_reference_words()}) "
+        "and its activation cache",
+    )
+
+    names = ("plain", "egeria")
+    calls = [
+        (name, initial, train_data, test, s, seed, milestones, config if name == "egeria" else None, total_steps, progress)
+        for name in names
+    ]
+    heap = ", glibc's heap thresholds fixed in both (egeria.bench.allocator)" if s.steady_heap and can_fix_heap() else ""
+    _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process{heap}")
+    answers = run_in_turns(_train, calls, s.turn_steps, initializer=_start_child, initargs=_child_settings(s))
+    runs: dict[str, dict] = {name: record for name, (record, _) in zip(names, answers)}
+    extras: dict[str, Any] = {name: extra for name, (_, extra) in zip(names, answers)}
+
+    egeria_extra = extras["egeria"]
+    runs["egeria"].update(egeria_extra)
+    runs["egeria"]["frozen_share"] = _frozen_share_timeline(
+        egeria_extra["events"], egeria_extra["module_params"], egeria_extra["modules"], total_steps
+    )
+    summary = _summary(runs, steps_per_epoch)
+    result = {
+        "command": command,
+        "machine": machine,
+        "seed": seed,
+        "settings": asdict(s),
+        "steps_per_epoch": steps_per_epoch,
+        "total_steps": total_steps,
+        "lr_drop_steps": milestones,
+        "egeria_config": config.to_dict(),
+        "runs": runs,
+        "summary": summary,
+        "files": {"png": str(out / "demo.png"), "json": str(out / "demo.json")},
+    }
+    _plot(result, out / "demo.png")
+    (out / "demo.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    _echo(stream, format_report(result))
+    return result
+
+
+class Prepared(NamedTuple):
+    """What both arms of a demo share."""
+
+    train: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    initial: dict[str, torch.Tensor]  # the seed's initial ResNet-20 weights
+    milestones: list[int]  # the steps after which the learning rate drops
+    steps_per_epoch: int
+    total_steps: int
+
+
+def prepare(s: DemoSettings, seed: int, data_root: str | Path | None = None) -> Prepared:
+    """The data, initial weights and step counts both arms of a demo share."""
+    from ..data import load_fashion_mnist
+    from ..models import resnet
+
+    data_kw = {} if data_root is None else {"root": data_root}
+    train_data = load_fashion_mnist(split="train", limit=s.train_limit, **data_kw).tensors
+    test = load_fashion_mnist(split="test", limit=s.test_limit, **data_kw).tensors
+    steps_per_epoch = math.ceil(len(train_data[1]) / s.batch_size)
+    total_steps = steps_per_epoch * s.epochs
+    milestones = sorted({max(1, int(share * total_steps)) for share in s.lr_drops})
+    torch.manual_seed(seed)
+    initial = resnet(depth=20, in_channels=1, num_classes=10).state_dict()
+    return Prepared(train_data, test, initial, milestones, steps_per_epoch, total_steps)
+
+
+def identical_through(a: list[float], b: list[float]) -> int:
+    """How many leading steps two runs' per-step losses are bit-identical for."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _reference_words() -> str:
+    """How the default reference computes on this machine (the demo's model is on the CPU)."""
+    if bf16_kind(torch.device("cpu")) == "bf16":
+        return "a bf16 reference"
+    return "a bf16 reference computed in fp32 on bf16-rounded values, this CPU having no native bf16"
+
+
+def _child_settings(s: DemoSettings) -> tuple[int, int | None, bool]:
+    """(torch threads, log level, steady heap) a child process takes from this one."""
+    root = logging.getLogger()
+    return torch.get_num_threads(), root.level if root.handlers else None, s.steady_heap
+
+
+def _start_child(threads: int, log_level: int | None, steady: bool) -> None:
+    torch.set_num_threads(threads)
+    if steady:
+        steady_heap()
+    if log_level is not None:
+        logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _setup(
+    initial: dict[str, torch.Tensor], s: DemoSettings, milestones: list[int]
+) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.MultiStepLR]:
+    """A demo run's ResNet-20 (from ``initial``), its SGD and its step schedule."""
+    from ..models import resnet
+
+    model = resnet(depth=20, in_channels=1, num_classes=10)
+    model.load_state_dict(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=0.9, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+    return model, optimizer, scheduler
+
+
+def _train(
+    name: str,
+    initial: dict[str, torch.Tensor],
+    train_data: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    s: DemoSettings,
+    seed: int,
+    milestones: list[int],
+    config: EgeriaConfig | None,
+    total_steps: int,
+    progress: bool,
+) -> tuple[dict, dict]:
+    """One run; the Egeria one when ``config`` is given, trained through Egeria's activation
+    cache (batches unchanged: a frozen prefix's outputs are served where that is faster).
+    Returns (run record, Egeria extras)."""
+    from tqdm.auto import tqdm
+
+    model, optimizer, scheduler = _setup(initial, s, milestones)
+    # The same batches in the same order in both runs: the sampler's generator has the seed.
+    loader: Any = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(*train_data), batch_size=s.batch_size, shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    eg = None
+    if config is not None:
+        eg = Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=total_steps)
+        loader = eg.cache_loader(loader)
+    epochs: list[dict] = []
+    bar = tqdm(
+        total=total_steps, desc=f"{name:>6}", unit="step", disable=not progress, leave=True,
+        position=0 if config is None else 1,  # one line per run: the two may run at once, in turns
+    )
+
+    def epoch_batches() -> Any:
+        return loader
+
+    def show(result: StepResult) -> None:
+        turns.step()
+        bar.update(1)
+        if eg is not None:
+            bar.set_postfix(loss=f"{result.loss:.3f}", frozen=len(eg.frozen), stage=eg.stage, refresh=False)
+        else:
+            bar.set_postfix(loss=f"{result.loss:.3f}", refresh=False)
+
+    def evaluate(result: StepResult) -> None:
+        accuracy = _accuracy(model, test)
+        epochs.append(
+            {"epoch": result.epoch, "step": result.step, "train_time_s": result.train_time_s, "test_accuracy": accuracy}
+        )
+        logger.info(
+            "%s epoch %d: %.4f test accuracy after %.1f s of training", name, result.epoch, accuracy, result.train_time_s
+        )
+
+    turns = current_turns()
+    assert turns is not None, "a demo run trains in a process run_in_turns started"
+    try:
+        turns.join()
+        steps = train(
+            model, optimizer, epoch_batches, classification_loss, epochs=s.epochs, scheduler=scheduler, egeria=eg,
+            on_step=show, evaluate=evaluate,
+        )
+    finally:
+        turns.leave()
+        bar.close()
+    train_time = steps[-1].train_time_s
+    losses = [r.loss for r in steps]
+    step_times = [r.time_s for r in steps]
+    record = {
+        "heap": heap_state(),
+        "epochs": epochs,
+        "train_time_s": train_time,
+        "final_accuracy": epochs[-1]["test_accuracy"],
+        "losses": losses,
+        "step_times_s": step_times,
+    }
+    extra: dict[str, Any] = {}
+    if eg is not None:
+        extra = {
+            "modules": list(eg.modules),
+            "module_params": [m.num_params for m in eg.partition.modules],
+            "eval_interval": eg.eval_interval,
+            "events": [d.to_dict() for d in eg.events],
+            "history": eg.history,
+            "frozen_at_end": list(eg.frozen),
+        }
+        eg.close()
+    return record, extra
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, test: tuple[torch.Tensor, torch.Tensor], batch: int = 500) -> float:
+    """Share of ``test`` classified right (the model is in eval mode)."""
+    x_all, y_all = test
+    correct = 0
+    for start in range(0, len(y_all), batch):
+        logits = model(x_all[start : start + batch])
+        correct += int((logits.argmax(dim=1) == y_all[start : start + batch]).sum())
+    return correct / len(y_all)
+
+
+def _frozen_share_timeline(events: list[dict], params: list[int], names: list[str], total_steps: int) -> list[dict]:
+    """Step function of the frozen share of parameters: ``[{"step", "share"}, ...]``, from step 0.
+
+    A freeze event at step s takes effect for steps after s; an unfreeze resets the share to 0.
+    """
+    total = sum(params)
+    size = dict(zip(names, params))
+    frozen = 0
+    points = [{"step": 0, "share": 0.0}]
+    for event in events:
+        if event["action"] == "freeze":
+            frozen += sum(size[m] for m in event["modules"])
+        elif event["action"] == "unfreeze":
+            frozen = 0
+        else:
+            continue
+        points.append({"step": int(event["step"]), "share": frozen / total})
+    points.append({"step": total_steps, "share": frozen / total})
+    return points
+
+
+def _time_to_target(epochs: list[dict], target: float) -> float | None:
+    for record in epochs:
+        if record["test_accuracy"] >= target:
+            return record["train_time_s"]
+    return None
+
+
+def _summary(runs: dict[str, dict], steps_per_epoch: int) -> dict:
+    plain, eg = runs["plain"], runs["egeria"]
+    target = plain["final_accuracy"]
+    plain_ttt = _time_to_target(plain["epochs"], target)
+    eg_ttt = _time_to_target(eg["epochs"], target)
+    first_freeze = next((e["step"] for e in eg["events"] if e["action"] == "freeze"), None)
+    same_until = identical_through(plain["losses"], eg["losses"])
+    return {
+        "target_accuracy": target,
+        "time_to_target_s": {"plain": plain_ttt, "egeria": eg_ttt},
+        "time_to_target_speedup": None if plain_ttt is None or eg_ttt is None else plain_ttt / eg_ttt,
+        "wall_time_speedup": plain["train_time_s"] / eg["train_time_s"],
+        "first_freeze_step": first_freeze,
+        # Losses are recorded after each step; index i is step i + 1.
+        "identical_losses_through_step": same_until,
+        "steps_per_epoch": steps_per_epoch,
+    }
+
+
+def format_report(result: dict) -> str:
+    """The side-by-side table and the freeze/unfreeze timeline of a :func:`run_demo` result."""
+    plain, eg = result["runs"]["plain"], result["runs"]["egeria"]
+    summary = result["summary"]
+    spe = result["steps_per_epoch"]
+    ttt = summary["time_to_target_s"]
+    target = summary["target_accuracy"]
+
+    def fmt_time(value: float | None) -> str:
+        return "not reached" if value is None else f"{value:.1f} s"
+
+    rows = [
+        ("", "plain PyTorch", "Egeria"),
+        ("training wall time", f"{plain['train_time_s']:.1f} s", f"{eg['train_time_s']:.1f} s"),
+        ("final test accuracy", f"{plain['final_accuracy']:.2%}", f"{eg['final_accuracy']:.2%}"),
+        (f"time to {target:.2%} (plain final)", fmt_time(ttt["plain"]), fmt_time(ttt["egeria"])),
+        ("mean step time", _mean_ms(plain["step_times_s"]), _mean_ms(eg["step_times_s"])),
+    ]
+    same_work = summary["first_freeze_step"] or result["total_steps"]  # both did the same work until then
+    rows.append((
+        f"mean step time, steps 1-{same_work}", _mean_ms(plain["step_times_s"][:same_work]),
+        _mean_ms(eg["step_times_s"][:same_work]),
+    ))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [""]
+    for i, row in enumerate(rows):
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
+        if i == 0:
+            lines.append("-" * (sum(widths) + 4))
+    lines.append("-" * (sum(widths) + 4))
+    lines.append(f"wall-time speedup (plain / Egeria): {summary['wall_time_speedup']:.2f}x")
+    if summary["time_to_target_speedup"] is None:
+        best = max(r["test_accuracy"] for r in eg["epochs"])
+        lines.append(
+            f"time-to-target speedup: none, the Egeria run never reached {target:.2%} "
+            f"at an epoch end (its best was {best:.2%})"
+        )
+    else:
+        lines.append(f"time-to-target speedup: {summary['time_to_target_speedup']:.2f}x")
+    lines.append("")
+    lines.append(f"per-epoch test accuracy (training time so far), accuracy on {result['settings']['test_limit']} test images:")
+    for p, e in zip(plain["epochs"], eg["epochs"]):
+        lines.append(
+            f"  epoch {p['epoch']:>2}:  plain {p['test_accuracy']:.2%} ({p['train_time_s']:6.1f} s)   "
+            f"Egeria {e['test_accuracy']:.2%} ({e['train_time_s']:6.1f} s)"
+        )
+    lines.append("")
+    sizes = dict(zip(eg["modules"], eg["module_params"]))
+    total = sum(eg["module_params"])
+    lines.append(
+        f"Egeria: {len(eg['modules'])} layer modules, eval interval n={eg['eval_interval']}, "
+        f"lr drops at steps {', '.join(map(str, result['lr_drop_steps']))}"
+    )
+    timeline = eg["events"]
+    if not any(e["action"] == "freeze" for e in timeline):
+        lines.append("  no module froze in this run, so both runs did the same work: any time gap is noise")
+    for event in timeline:
+        step = event["step"]
+        where = f"step {step:>5} (epoch {(step - 1) // spe + 1}, {step / spe:.2f} epochs in)"
+        if event["action"] == "guided":
+            lines.append(f"  {where}: bootstrapping over, plasticity evaluation starts")
+        else:
+            share = sum(sizes[m] for m in event["modules"]) / total
+            lines.append(f"  {where}: {event['action']:<8} {', '.join(event['modules'])} ({share:.1%} of parameters)")
+    lines.append(
+        f"  frozen at the end: {', '.join(eg['frozen_at_end']) or 'none'}; "
+        f"both runs had identical losses through step {summary['identical_losses_through_step']}"
+    )
+    lines.append("")
+    lines.append(f"wrote {result['files']['png']} and {result['files']['json']}")
+    return "\n".join(lines)
+
+
+def _mean_ms(times: list[float]) -> str:
+    return f"{1000 * sum(times) / max(1, len(times)):.0f} ms"
+
+
+def _plot(result: dict, path: Path) -> None:
+    """Frozen share of parameters over steps (top); test accuracy vs. training time (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plain, eg = result["runs"]["plain"], result["runs"]["egeria"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), constrained_layout=True)
+
+    timeline = eg["frozen_share"]
+    top.step([p["step"] for p in timeline], [100 * p["share"] for p in timeline], where="post", color="tab:orange", lw=2)
+    top.fill_between(
+        [p["step"] for p in timeline], [100 * p["share"] for p in timeline], step="post", color="tab:orange", alpha=0.2
+    )
+    spe = result["steps_per_epoch"]
+    for epoch in range(1, result["settings"]["epochs"]):
+        top.axvline(epoch * spe, color="0.85", lw=0.8, zorder=0)
+    for i, drop in enumerate(result["lr_drop_steps"]):
+        top.axvline(drop, color="tab:red", ls="--", lw=1, label="learning rate / 10" if i == 0 else None)
+    guided = next((e["step"] for e in eg["events"] if e["action"] == "guided"), None)
+    if guided is not None:
+        top.axvline(guided, color="tab:green", ls=":", lw=1, label="bootstrapping over")
+    for event in eg["events"]:
+        if event["action"] == "freeze":
+            top.annotate(
+                event["modules"][0], (event["step"], 0), xytext=(2, 4), textcoords="offset points",
+                rotation=90, fontsize=7, va="bottom",
+            )
+    top.set_xlim(0, result["total_steps"])
+    top.set_ylim(0, max(10.0, 100 * max(p["share"] for p in timeline) * 1.25))
+    top.set_xlabel(f"training step ({spe} steps per epoch; grey lines: epoch ends)")
+    top.set_ylabel("frozen parameters (%)")
+    top.set_title("Egeria: share of ResNet-20's parameters frozen")
+    top.legend(loc="upper left", fontsize=8)
+
+    for run, label, color in ((plain, "plain PyTorch", "tab:blue"), (eg, "Egeria", "tab:orange")):
+        xs = [0.0] + [r["train_time_s"] for r in run["epochs"]]
+        ys = [None] + [100 * r["test_accuracy"] for r in run["epochs"]]
+        bottom.plot(xs[1:], ys[1:], marker="o", color=color, label=f"{label} ({run['train_time_s']:.0f} s)")
+    target = result["summary"]["target_accuracy"]
+    bottom.axhline(100 * target, color="0.5", ls=":", lw=1, label=f"target {100 * target:.2f}% (plain final)")
+    bottom.set_xlabel("training wall time (s), evaluation excluded; one point per epoch")
+    bottom.set_ylabel("test accuracy (%)")
+    bottom.set_title("Test accuracy vs. training time")
+    bottom.legend(loc="lower right", fontsize=8)
+    bottom.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _check_settings(s: DemoSettings) -> None:
+    for name in ("train_limit", "test_limit", "epochs", "batch_size"):
+        check_int(getattr(s, name), f"demo {name}")
+    check_int(s.turn_steps, "demo turn_steps")
+    if not isinstance(s.steady_heap, bool):
+        raise ValueError(f"demo steady_heap={s.steady_heap!r}: must be True or False")
+    if not all(isinstance(v, (int, float)) and 0 < v < 1 for v in s.lr_drops):
+        raise ValueError(f"demo lr_drops={s.lr_drops!r}: each must be a share of the steps in (0, 1)")
+
+
+def _echo(stream: TextIO | None, text: str) -> None:
+    if stream is not None:
+        print(text, file=stream, flush=True)
+

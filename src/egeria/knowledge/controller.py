@@ -1,0 +1,351 @@
+"""The controller: turns evaluations into freezing decisions (paper 4.1.1, 4.2).
+
+It owns the reference model's life cycle (generation, refresh, quantization, execution)
+and feeds each reading to the freezing rule (:class:`~egeria.knowledge.rule.FrontRule`). It knows
+nothing of queues, threads or clocks: the executors in :mod:`egeria.knowledge.executors` feed it the
+same messages inline, in a thread or in a process, so the same sequence of evaluations
+gives the same decisions in all three.
+
+One evaluation, in two halves:
+
+1. :meth:`Controller.reference_activation` (when the request arrives): the reference's
+   activation at the watched module for the batch. The reference was refreshed at the
+   previous evaluation, so the reading measures how far the module moved since then.
+2. :meth:`Controller.finish` (when the readout arrives): the training activation (sent by
+   the worker, or computed here by an fp32 copy of the model's front loaded with the
+   weights the readout carries, in eval mode), the SP loss between the two, the rule,
+   then the refresh of the reference from those weights.
+
+The controller watches ``span`` modules at once, from the frontmost active one: one
+forward pass of the reference and one of the training side, stopped at the deepest watched
+module, give a reading for each (``span=1`` is the paper's one module at a time). The
+front module freezes when its rule says so, and with it every module right behind it whose
+own rule already says so.
+
+With ``floor_ratio`` the controller also measures each watched module's *floor* right
+after a refresh: the SP loss between the refreshed reference and the training activations
+of the same weights and batch, i.e. what a reading reads when the module has not moved.
+The next reading is compared with it (:class:`~egeria.knowledge.rule.FrontRule`); it costs one more
+reference forward pass per refresh.
+
+The controller keeps its own view of the frozen set: after deciding to freeze modules up to
+k it watches k + 1 and treats requests still about earlier ones as stale, until a restart
+(an unfreeze, or a decision the worker applied too late to use) says otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from ..checkpoint.statecheck import Spec, index_keys, integer, mapping, number, optional, record
+from ..decision import Decision
+from ..partition import Partition
+from .protocol import Readout, Request, Result
+from .reference import ReferenceModel
+from .rule import FrontRule
+from .similarity import Gram, sp_loss
+from .threads import limited_threads
+from .truncated import outputs_until
+from .weights import as_mapping
+
+__all__ = ["Controller"]
+
+logger = logging.getLogger(__name__)
+
+
+class Controller:
+    """Reference model plus freezing rule for the frontmost active modules.
+
+    Args:
+        partition: the model's layer modules.
+        template: a CPU fp32 copy of the model (without Egeria's hooks); kept as the fp32
+            front that computes eval-mode training activations, and copied for the reference.
+        precision: reference precision.
+        window: W.
+        tolerance_ratio: see :class:`EgeriaConfig`.
+        refresh_every: refresh the reference every this many readings.
+        threads: torch threads for the controller's work (None: leave torch's setting).
+        span: how many modules are watched at once (1: the paper's rule).
+        horizon, regimes, floor_ratio: as in :class:`~egeria.knowledge.rule.FrontRule`.
+    """
+
+    def __init__(
+        self,
+        partition: Partition,
+        template: nn.Module,
+        *,
+        precision: str,
+        window: int,
+        tolerance_ratio: float,
+        refresh_every: int = 1,
+        threads: int | None = 1,
+        span: int = 1,
+        horizon: float | None = None,
+        regimes: bool = False,
+        floor_ratio: float | None = None,
+    ) -> None:
+        self.partition = partition
+        self.current = template.eval()
+        self.precision = precision
+        self.refresh_every = refresh_every
+        self.threads = threads
+        self.span = span
+        self.rule = FrontRule(window, tolerance_ratio, horizon=horizon, regimes=regimes, floor_ratio=floor_ratio)
+        self.floors: dict[int, float] = {}  # each watched module's floor at the latest refresh
+        self.reference: ReferenceModel | None = None
+        self.restart(generation=0, frozen=0, window=window)
+
+    @property
+    def window(self) -> int:
+        return self.rule.window
+
+    @property
+    def watched(self) -> list[int]:
+        """Indices of the modules read at each evaluation, front first."""
+        return list(range(self.frozen, min(self.frozen + self.span, self.partition.freezable)))
+
+    # -- one evaluation ------------------------------------------------------------
+
+    def is_current(self, request: Request) -> bool:
+        """Whether the request is about this generation's front module."""
+        return (
+            request.generation == self.generation
+            and request.module == self.frozen
+            and request.module < self.partition.freezable
+        )
+
+    @torch.no_grad()
+    def reference_activation(self, request: Request) -> list[torch.Tensor] | None:
+        """The reference's activations at the watched modules for the reading's batch
+        (None: stale, or no reference yet)."""
+        if not self.is_current(request):
+            return None
+        batch = request.batch
+        if request.final_weights is not None and self.reference is not None:
+            self.reference.refinalize(as_mapping(request.final_weights), request.final_modules, batch)
+        if self.reference is None:
+            return None
+        return self.reference.activations(batch, self.watched)
+
+    @torch.no_grad()
+    def finish(self, request: Request, reference: list[torch.Tensor] | None, readout: Readout) -> Result:
+        """Pairs the training activations with the reference's and runs the freezing rule."""
+        started = time.perf_counter()
+        result = self._finish(request, reference, readout)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _finish(self, request: Request, reference: list[torch.Tensor] | None, readout: Readout) -> Result:
+        def answer(**kw) -> Result:
+            return Result(request.seq, request.generation, request.step, request.module, **kw)
+
+        if readout.weights is None:
+            return answer(note="cancelled")
+        if not self.is_current(request):
+            return answer(note="stale")
+        weights = as_mapping(readout.weights)
+        watched = self.watched
+        if self.reference is None or reference is None:
+            if self.reference is None:
+                self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
+            self._refresh(weights, request, upto=watched[-1])
+            return answer(note="building")
+        training = readout.activation
+        if training is None:
+            training = self._front(weights, request.batch, watched)
+        training = [t if isinstance(t, Gram) else t.float() for t in training]
+        values = [float(sp_loss(t, r)) for t, r in zip(training, reference)]
+        if not all(math.isfinite(v) for v in values):
+            logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
+            return answer(note="non-finite")
+        mass = self._mass_since_refresh(request)
+        rows = [self._read(index, value, request, mass) for index, value in zip(watched, values)]
+        by_module = dict(zip(watched, training))
+        count = self.rule.settled_front(watched)
+        if count:
+            names = tuple(self._name(i) for i in watched[:count])
+            decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
+            self._froze(count, weights, request, by_module)
+            return answer(readings=rows, decision=decision)
+        self.readings_since_refresh += 1
+        # A reading that straddled a learning-rate change: the next one compares with a
+        # reference from the new regime, whatever refresh_every says.
+        straddled = any(not row["counted"] for row in rows)
+        if self.readings_since_refresh >= self.refresh_every or straddled:
+            self._refresh(weights, request, upto=watched[-1], training=by_module)
+        return answer(readings=rows)
+
+    def _reason(self, index: int) -> str:
+        """Why the front module ``index`` freezes, in words."""
+        if self.rule.quiet(index):
+            return (
+                f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {self.window} readings"
+            )
+        tolerance = self.rule.tolerance(index) or 0.0
+        why = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
+        outlook = self.rule.outlook(index)
+        if self.rule.horizon is None or self.rule.horizon >= 1 or outlook is None or outlook.share is None:
+            return why  # the condition is off: the slope decided
+        return f"{why}; drift still to come {outlook.share:.2g} of its largest"
+
+    def _mass_since_refresh(self, request: Request) -> float | None:
+        """The learning-rate mass the reading's interval held: from the reference's refresh
+        to the evaluated step, what was ahead then less what is ahead now (None: the
+        schedule is not known)."""
+        if request.mass_ahead is None or self.refreshed_ahead is None:
+            return None
+        return max(self.refreshed_ahead - request.mass_ahead, 0.0)
+
+    def _read(self, index: int, plasticity: float, request: Request, mass: float | None) -> dict:
+        """One module's reading through its rule; the history row."""
+        lr = request.lr
+        reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead)
+        if not reading.counted:
+            logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", request.step, lr,
+                         self._name(index))
+        outlook = self.rule.outlook(index)
+        return {
+            "step": request.step,
+            "module": self._name(index),
+            "plasticity": reading.plasticity,
+            "smoothed": reading.smoothed,
+            "slope": reading.slope,
+            "tolerance": reading.tolerance,
+            "stale": reading.stale,
+            "counted": reading.counted,  # False: it straddled a learning-rate change
+            "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
+            "mass": mass,  # the learning-rate mass (sum of learning rates) the reading's interval held
+            "mass_ahead": request.mass_ahead,  # the learning-rate mass still to come after the step
+            "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median of the last W
+            "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
+            "floor": reading.floor,  # the smoothed floor (None: not measured)
+            "quiet": reading.quiet,
+        }
+
+    def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
+        """The watched modules' fp32 eval-mode outputs for the batch, with the sent weights."""
+        own = self.current.state_dict()
+        for key, value in weights.items():
+            own[key].copy_(value)
+        blocks = [self.partition.modules[i].output_block for i in watched]
+        args, kwargs = batch
+        with limited_threads(self.threads):
+            return outputs_until(self.current, blocks, args, kwargs)
+
+    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request,
+               training: Mapping[int, torch.Tensor | Gram]) -> None:
+        """The front ``count`` modules froze: watch the ones after them."""
+        self.frozen += count
+        self.rule.forget_before(self.frozen)
+        self.floors = {i: v for i, v in self.floors.items() if i >= self.frozen}
+        if self.frozen < self.partition.freezable:
+            self._refresh(weights, request, upto=self.watched[-1], training=training)
+
+    def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int,
+                 training: Mapping[int, torch.Tensor | Gram] | None = None) -> None:
+        """Refreshes the reference from ``weights``; with ``training`` (the watched modules'
+        training activations for these weights and the request's batch) and a
+        ``floor_ratio``, measures the floors."""
+        assert self.reference is not None
+        batch = request.batch
+        self.reference.refresh(weights, self.frozen, upto, batch)
+        self.readings_since_refresh = 0
+        self.refreshed_ahead = request.mass_ahead
+        if training is None or self.rule.floor_ratio is None:
+            return
+        indices = [i for i in self.watched if i in training]
+        if not indices:
+            return
+        for index, ref in zip(indices, self.reference.activations(batch, indices)):
+            floor = float(sp_loss(training[index], ref))
+            if math.isfinite(floor):
+                self.floors[index] = floor
+
+    # -- control -------------------------------------------------------------------
+
+    def restart(self, generation: int, frozen: int, window: int) -> None:
+        """Forget the reference and the watches; watch from module ``frozen`` with window
+        ``window`` (the outlooks' largest values are kept).
+
+        Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
+        that reached it too late (the frozen set the worker actually has).
+        """
+        self.generation = generation
+        self.frozen = frozen
+        self.rule.restart(window)
+        self.reference = None
+        self.floors = {}
+        self.readings_since_refresh = 0
+        self.refreshed_ahead: float | None = None  # the learning-rate mass ahead at the reference's refresh
+
+    def state_dict(self, live: Mapping[str, torch.Tensor]) -> dict:
+        """JSON-safe state; ``live`` is the training model's state now."""
+        return {
+            "generation": self.generation,
+            "frozen": self.frozen,
+            **self.rule.state_dict(),  # window, watches, outlooks
+            "readings_since_refresh": self.readings_since_refresh,
+            "refreshed_ahead": self.refreshed_ahead,
+            "floors": {str(i): v for i, v in self.floors.items()},
+            "reference": None if self.reference is None else self.reference.state_dict(live),
+        }
+
+    @staticmethod
+    def state_spec(partition: Partition, weights: Mapping[str, torch.Tensor], generation: int) -> Spec:
+        """What :meth:`state_dict` output holds, saved beside a link at ``generation``
+        (the controller had taken every restart the link sent: the same generation), for
+        ``partition`` of a model whose state is ``weights``."""
+        modules = len(partition)
+        return record(
+            {
+                "generation": integer(generation, generation),
+                "frozen": integer(0, partition.freezable),
+                **FrontRule.state_fields(modules),
+                "readings_since_refresh": integer(0),
+                "refreshed_ahead": optional(number(0)),
+                "floors": mapping(number(0), keys=index_keys(0, modules - 1)),
+                "reference": optional(ReferenceModel.state_spec(partition, weights)),
+            },
+            optional=("floors",),
+        )
+
+    def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
+        self.generation = int(state["generation"])
+        self.frozen = int(state["frozen"])
+        self.rule.load_state_dict(state)
+        self.readings_since_refresh = int(state["readings_since_refresh"])
+        self.refreshed_ahead = state["refreshed_ahead"]
+        self.floors = {int(i): float(v) for i, v in state.get("floors", {}).items()}  # absent before floors
+        self.reference = None
+        saved = state["reference"]
+        if saved is not None and saved["precision"] != self.precision:
+            # Readings and floors of another precision are on another scale (an int8
+            # reference's floor is 10-65x a bf16 one's): the watches start afresh.
+            logger.warning(
+                "the saved reference is %s, this controller's is %s (the default changed, or another machine): "
+                "it is rebuilt at the next evaluation and the modules' readings start afresh",
+                saved["precision"], self.precision,
+            )
+            self.restart(self.generation, self.frozen, self.rule.window)
+        elif saved is not None:
+            try:
+                reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
+                reference.load_state_dict(saved, weights)
+            except (ValueError, RuntimeError) as err:  # a calibration that fits no block of this model
+                logger.warning(
+                    "the saved reference cannot be rebuilt (%s): it is rebuilt at the next evaluation and "
+                    "the modules' readings start afresh", err,
+                )
+                self.restart(self.generation, self.frozen, self.rule.window)
+            else:
+                self.reference = reference
+
+    def _name(self, index: int) -> str:
+        return self.partition.modules[index].name
+

@@ -1,0 +1,439 @@
+"""Egeria's own policy: knowledge-guided freezing (paper sections 3 and 4.2).
+
+The training side of the rule, behind the same :class:`FreezePolicy` seam as the
+baselines. At every step boundary it
+
+1. records the loss while bootstrapping, and every n steps asks the
+   :class:`~egeria.knowledge.bootstrap.BootstrapMonitor` whether the loss has settled;
+2. completes the evaluation captured in this step's forward pass (the batch went to the
+   controller as the forward started; the weights after the update go now);
+3. applies the controller's freeze decisions that are not too old;
+4. unfreezes everything when the unfreeze rule fires (a 10x learning-rate drop); the
+   paper's rule then halves W, the default rule bootstraps again;
+5. arms the capture of the next evaluation step's forward pass.
+
+The controller (reference model and plasticity rule, :mod:`egeria.knowledge.controller`) is
+started at the first step boundary, in the executor the config names.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..checkpoint.saved_state import SavedContext
+from ..checkpoint.statecheck import Spec, boolean, integer, number, optional, record, text
+from ..config import (
+    BOOTSTRAP_CHANGE_RATE, MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
+    UNFREEZE_LR_DROP, EgeriaConfig,
+)
+from ..decision import Decision
+from ..hooks import mark
+from ..nested import first_tensor, leaves, map_tensors
+from ..policies.base import Binding, Move, StepInfo
+from . import device
+from .bootstrap import BootstrapMonitor
+from .budget import CostBudget
+from .controller import Controller
+from .device import HostCopy, LocalCopy, handoff
+from .executors import Executor, make_executor
+from .link import ControllerLink
+from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
+from .service import ControllerSpec
+from .similarity import gram_of
+from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
+from .weights import ModuleKeys, float_snapshot
+
+__all__ = ["KnowledgeGuided", "derive_eval_interval"]
+
+logger = logging.getLogger(__name__)
+
+# The paper's guideline (4.2.2): n = total / (2 W) / modules / (1 + 0.5 + 0.25), the last
+# factor covering bootstrapping, smoothing delay and window halving.
+_GUIDELINE_FACTOR = 1.75
+
+#: Builds the executor the controller runs in from its spec (tests pass a fake one).
+ExecutorFactory = Callable[[ControllerSpec], Executor]
+
+
+def derive_eval_interval(total_steps: int, window: int, num_modules: int) -> int:
+    """n from the paper's guideline, at least 1 (the policy raises it to ``MIN_EVAL_INTERVAL``)."""
+    return max(1, int(total_steps / (2 * window) / num_modules / _GUIDELINE_FACTOR))
+
+
+class KnowledgeGuided:
+    """Freezes the frontmost active module once its plasticity has become stationary.
+
+    Args:
+        config: Egeria's hyperparameters.
+        unfreeze_rule: replaces the default learning-rate-drop rule (cyclical schedules).
+        executor: builds the controller's executor from its spec; by default the one
+            ``config.executor`` names.
+        clock: seconds for the cost budget (tests pass a fake one).
+    """
+
+    name = "egeria"
+
+    def __init__(
+        self,
+        config: EgeriaConfig | None = None,
+        *,
+        unfreeze_rule: UnfreezeRule | None = None,
+        executor: ExecutorFactory | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config if config is not None else EgeriaConfig()
+        self.unfreeze_lr_drop = UNFREEZE_LR_DROP[self.config.rule]
+        self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.unfreeze_lr_drop)
+        self._checked_cycles = unfreeze_rule is not None or self.unfreeze_lr_drop == math.inf
+        self._executor_factory = executor
+        self.stage = "bootstrap"
+        self.window = self.config.window
+        self.eval_interval: int | None = self.config.eval_interval
+        self.bootstrap = BootstrapMonitor(BOOTSTRAP_CHANGE_RATE)
+        self.lr_at_freeze: float | None = None
+        self.freeze_step: int | None = None
+        self.link: ControllerLink | None = None
+        self.budget = CostBudget(self.config.cost_budget or 1.0, clock)
+        self.budget_checked = False  # the cost budget is judged once
+        self._binding: Binding | None = None
+        self._handles: list = []
+        self._warned_no_loss = False
+
+    @property
+    def requires_total_steps(self) -> bool:
+        """Under the paper's rule n is derived from the run's length unless
+        ``eval_interval`` is set."""
+        return self.config.eval_interval is None and self.config.rule == "paper"
+
+    # -- FreezePolicy -----------------------------------------------------------------
+
+    def bind(self, binding: Binding) -> None:
+        self._binding = binding
+        model, partition = binding.model, binding.partition
+        self._handles = [mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))]
+        self._handles.append(mark(model.register_forward_hook(self._on_forward_end, always_call=True)))
+        if self.config.activation_mode == "train":
+            for index, module in enumerate(partition.modules[: partition.freezable]):
+                block = model.get_submodule(module.output_block)
+                self._handles.append(mark(block.register_forward_hook(self._on_block_output(index))))
+        spec = self._spec
+        factory = self._executor_factory or self._configured_executor
+        self.link = ControllerLink(
+            factory(spec()),
+            spec,
+            ModuleKeys(model, partition),
+            partition.freezable,
+            lambda: (binding.frozen(), self.window),  # what a replacement controller watches
+            hooked=self.config.activation_mode == "train",
+            span=self.span,
+            max_in_flight=MAX_IN_FLIGHT,
+            timeout=self.config.controller_timeout,
+        )
+
+    def target(self, info: StepInfo) -> Move | None:
+        assert self.link is not None and self._binding is not None, "bind() first"
+        n = self._interval(info)
+        move: Move | None = None
+        if self.stage == "bootstrap":
+            self._record_loss(info.loss)
+            if info.step % n == 0 and self.bootstrap.end_interval():
+                self.stage = "guided"
+                self._binding.event(Decision(info.step, "guided", (), "training loss settled"))
+        with self.budget.spending():
+            evaluated = self.link.complete(self.stage == "guided", self._model.state_dict)
+            accepted = self.link.decisions(info.step, info.frozen, MAX_LAG_INTERVALS * n, self.window)
+        if accepted:
+            last = accepted[-1]
+            assert last.decision is not None
+            if info.frozen == 0:  # the unfreeze rule measures the learning-rate drop from here
+                self.lr_at_freeze, self.freeze_step = info.lr, info.step
+            count = sum(len(r.decision.modules) for r in accepted if r.decision is not None)
+            move = Move(info.frozen + count, last.decision.reason, last.step)
+        frozen = move.frozen if move is not None else info.frozen
+        unfreeze = self._unfreeze(info, frozen)
+        move = unfreeze or move
+        self.budget.step_done(evaluated)
+        self._keep_budget()
+        self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
+        return move
+
+    def unbind(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.link is not None:
+            self.link.close()  # kept: its history and counts stay readable
+
+    # -- the steps of target() ----------------------------------------------------------
+
+    def planned_interval(self, total_steps: int | None, num_modules: int) -> int | None:
+        """n for a run of ``total_steps`` over ``num_modules`` layer modules: the config's;
+        else, under the paper's rule, the guideline's with the ``MIN_EVAL_INTERVAL`` floor
+        (None: not known yet); under Egeria's, ``MIN_EVAL_INTERVAL`` (its modules are all
+        read at once and freeze W + 1 readings after their drift has fallen, so n sets
+        that delay, whatever the run's length; the cost budget may lengthen it)."""
+        if self.eval_interval is not None:
+            return self.eval_interval
+        if self.config.rule == "egeria":
+            return MIN_EVAL_INTERVAL
+        if total_steps is None:
+            return None
+        return max(derive_eval_interval(total_steps, self.config.window, num_modules), MIN_EVAL_INTERVAL)
+
+    def _interval(self, info: StepInfo) -> int:
+        if self.eval_interval is None:
+            assert self._binding is not None
+            modules = len(self._binding.partition)
+            self.eval_interval = self.planned_interval(info.total_steps, modules)
+            assert self.eval_interval is not None
+            if self.config.rule == "paper" and self.eval_interval > derive_eval_interval(
+                info.total_steps or 0, self.config.window, modules
+            ):
+                logger.info(
+                    "the guideline gives a shorter n for %s steps; using n=%d, so fewer "
+                    "modules may be evaluated for freezing in this run",
+                    info.total_steps, MIN_EVAL_INTERVAL,
+                )
+        return self.eval_interval
+
+    def _keep_budget(self) -> None:
+        """Once the first evaluations are measured: lengthen a derived n that breaks the
+        cost budget, or report an explicit one. The watches go on: restarting them would set
+        the tolerances from the flatter slopes read later (benchmarks/README.md)."""
+        limit = self.config.cost_budget
+        if limit is None or self.budget_checked or not self.budget.measured:
+            return
+        self.budget_checked = True
+        assert self.eval_interval is not None and self.link is not None
+        share = self.budget.share(self.eval_interval)
+        if share <= limit:
+            return
+        cost, step = self.budget.figures()
+        needed = self.budget.interval()
+        figures = (
+            f"a reading costs {cost * 1e3:.1f} ms on the training thread against {step * 1e3:.1f} ms per "
+            f"training step: {share:.1%} of training at n={self.eval_interval}, over the cost budget of {limit:.1%}"
+        )
+        if self.config.eval_interval is not None:
+            logger.warning("Egeria: %s; eval_interval=%d is kept as set (n=%d would meet it)", figures, self.eval_interval, needed)
+            return
+        logger.info("Egeria: %s; n is now %d", figures, needed)
+        self.eval_interval = needed
+
+    def _record_loss(self, loss: torch.Tensor | float | None) -> None:
+        if loss is None:
+            if not self._warned_no_loss:
+                logger.warning("Egeria.step() got no loss; bootstrapping cannot end without losses")
+                self._warned_no_loss = True
+            return
+        self.bootstrap.record(loss)
+
+    def _unfreeze(self, info: StepInfo, frozen: int) -> Move | None:
+        if frozen == 0 or self.lr_at_freeze is None:
+            return None
+        assert self._binding is not None
+        names = tuple(self._binding.partition.names[:frozen])
+        ctx = UnfreezeContext(info.step, info.lr, self.lr_at_freeze, self.freeze_step, names)
+        if not self.unfreeze_rule(ctx):
+            return None
+        if self.config.rule == "paper":  # refreeze soon: halve W, watch again at once
+            self.window = max(min(MIN_WINDOW, self.config.window), self.window // 2)
+        else:  # wait until the loss has settled at the new learning rate
+            self.stage = "bootstrap"
+            self.bootstrap = BootstrapMonitor(BOOTSTRAP_CHANGE_RATE)
+        self.lr_at_freeze = self.freeze_step = None
+        assert self.link is not None
+        self.link.restart(0, self.window)
+        return Move(0, f"learning rate {ctx.lr:.3g} (was {ctx.lr_at_freeze:.3g})")
+
+    def _arm(self, step: int, frozen: int, freezable: int) -> None:
+        """Capture the next step's batch when that step evaluates plasticity (or ends a
+        bootstrap interval) and a module is left to watch."""
+        assert self.link is not None and self.eval_interval is not None
+        due = (step + 1) % self.eval_interval == 0
+        self.link.arm(step + 1 if due and frozen < freezable else None)
+
+    # -- hooks: they record, the step boundary acts ---------------------------------------
+
+    def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        binding, link = self._binding, self.link
+        if link is None or binding is None or binding.own_pass() or not module.training:
+            return
+        with self.budget.spending():
+            link.begin(
+                binding.step() + 1,
+                binding.frozen(),
+                lambda: _probe_copy((args, kwargs), self.config.probe_size, self._to_host),
+                self.stage == "guided",
+                self._model.state_dict,
+                lambda: current_lr(binding.optimizer),
+                self._mass_ahead,
+            )
+
+    def _mass_ahead(self) -> float | None:
+        """The learning-rate mass still ahead after the step being evaluated: the sum of
+        the learning rates of the steps after it (None: the schedule is not known)."""
+        assert self._binding is not None
+        schedule = self._binding.lr_schedule()
+        if schedule is None:
+            return None
+        if not self._checked_cycles:
+            self._checked_cycles = True
+            restart = rises_again(schedule.lrs.tolist(), self.unfreeze_lr_drop)
+            if restart is not None:
+                logger.warning(
+                    "Egeria: the learning rate rises again at step %d after falling %gx (a cyclical schedule): the "
+                    "default unfreeze rule (a %gx learning-rate drop) fits annealing schedules and would unfreeze "
+                    "at every cycle; pass unfreeze_rule= for cyclical ones",
+                    restart, self.unfreeze_lr_drop, self.unfreeze_lr_drop,
+                )
+        return schedule.lr_sum(self._binding.step() + 1)  # the evaluated step is the next one taken
+
+    def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self.link is not None:
+            self.link.forward_ended()
+
+    def _on_block_output(self, index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if self.link is not None and self.link.wants_activation(index):
+                tensor = first_tensor(output)
+                if tensor is not None:
+                    if device.gram_where_it_lives(tensor):
+                        self.link.capture(index, handoff({"gram": gram_of(tensor).matrix}, self._to_host))
+                    else:
+                        self.link.capture(index, handoff(tensor, self._to_host))
+
+        return hook
+
+    # -- the controller ---------------------------------------------------------------
+
+    @property
+    def _model(self) -> nn.Module:
+        assert self._binding is not None
+        return self._binding.model
+
+    @property
+    def executor_kind(self) -> str:
+        """Where the controller runs: the config's executor, ``"auto"`` resolved."""
+        assert self._binding is not None
+        return resolve_executor(self.config.executor, self._binding.model, self.config.reference_device)
+
+    @property
+    def _home(self) -> torch.device:
+        """Where the controller's reference and front live (``reference_device``)."""
+        assert self._binding is not None
+        return reference_home(self.config.reference_device, self._binding.model)
+
+    @property
+    def _to_host(self) -> bool:
+        """Whether the batch and activations are copied for a controller on the host, or
+        stay where they live for one on the model's device."""
+        return self.config.reference_device == "cpu"
+
+    def _spec(self) -> ControllerSpec:
+        """What the controller is built from: a snapshot of the model as it is now, on the
+        CPU or, with ``reference_device="model"``, on the model's device."""
+        assert self._binding is not None
+        cfg = self.config
+        cpus = tuple(cfg.controller_cpus) if cfg.controller_cpus is not None else None
+        return ControllerSpec(
+            self._binding.partition,
+            float_snapshot(self._binding.model, self._home),
+            resolve_precision(cfg.reference_precision),
+            window=self.window,
+            tolerance_ratio=TOLERANCE_RATIO,
+            refresh_every=1,  # after every reading: a reading measures the last n steps' drift
+            threads=controller_threads(self.executor_kind, cpus),
+            cpu_threshold=cfg.cpu_threshold,
+            span=self.span,
+            cpus=cpus,
+            horizon=cfg.horizon,
+            regimes=cfg.rule == "egeria",
+            floor_ratio=cfg.floor_ratio or None,  # 0: off, no floors measured
+        )
+
+    @property
+    def span(self) -> int:
+        """Modules read at each evaluation: 1 under the paper's rule, else every freezable
+        module."""
+        assert self._binding is not None
+        if self.config.rule == "paper":
+            return 1
+        return self._binding.partition.freezable
+
+    def _configured_executor(self, spec: ControllerSpec) -> Executor:
+        cfg = self.config
+        return make_executor(
+            self.executor_kind,
+            spec,
+            max_in_flight=MAX_IN_FLIGHT,
+            timeout=cfg.controller_timeout,
+            start_method=cfg.start_method,
+        )
+
+    # -- checkpointing -----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The rule's state, with the controller's (it waits for answers already sent)."""
+        assert self._binding is not None and self.link is not None
+        return {
+            "stage": self.stage,
+            "window": self.window,
+            "eval_interval": self.eval_interval,
+            "bootstrap": self.bootstrap.state_dict(),
+            "lr_at_freeze": self.lr_at_freeze,
+            "freeze_step": self.freeze_step,
+            "budget_checked": self.budget_checked,
+            "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
+        }
+
+    def state_spec(self, context: SavedContext) -> Spec:
+        """What :meth:`state_dict` output holds for the partition, step and model of
+        ``context`` (fields added later may be absent, as in older checkpoints)."""
+        partition, steps = context.partition, context.steps
+
+        def controller(generation: int) -> Spec:
+            return Controller.state_spec(partition, context.weights, generation)
+
+        return record(
+            {
+                "stage": text(("bootstrap", "guided")),
+                "window": integer(1, 10**6),
+                "eval_interval": optional(integer(1, 2**63 - 1)),
+                "bootstrap": BootstrapMonitor.state_spec(),
+                "lr_at_freeze": optional(number(0)),
+                "freeze_step": optional(integer(0, steps)),
+                "budget_checked": boolean,
+                "link": ControllerLink.state_spec(controller, partition.names, steps),
+            },
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        assert self._binding is not None and self.link is not None
+        self.stage = state["stage"]
+        self.window = int(state["window"])
+        self.eval_interval = self.config.eval_interval or state["eval_interval"]
+        self.bootstrap = BootstrapMonitor.from_state(state["bootstrap"])
+        self.lr_at_freeze = state["lr_at_freeze"]
+        self.freeze_step = state["freeze_step"]
+        self.budget_checked = bool(state["budget_checked"])
+        self.link.load_state_dict(state["link"], self._model.state_dict(), self._binding.frozen())
+        if self.eval_interval is not None:
+            self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
+
+
+def _probe_copy(batch: tuple, size: int | None, to_host: bool) -> HostCopy | LocalCopy:
+    """A copy of the call arguments for the controller (the loop may reuse its input
+    buffers), on the host or where they live, cut to the first ``size`` samples: tensors
+    whose first dimension is the batch's are sliced."""
+    tensors = leaves(batch)
+    rows = tensors[0].shape[0] if tensors and tensors[0].dim() > 0 else None
+    if size is None or rows is None or rows <= size:
+        return handoff(batch, to_host)
+    return handoff(map_tensors(batch, lambda t: t[:size] if t.dim() > 0 and t.shape[0] == rows else t), to_host)

@@ -1,0 +1,228 @@
+"""The freezing rule over the front modules being watched (paper Algorithm 1, and Egeria's
+own criterion: the movement still to come).
+
+It holds no model and no reference: it takes plasticity readings, with what the run's
+learning-rate schedule says of them, and says which front modules may freeze; the
+controller feeds it live readings and a study can feed it the readings a run recorded
+(``benchmarks/movement_ahead.py``).
+
+Egeria's criterion (``horizon`` set). A reading measures how far a module drifted since
+the reference was last refreshed, that is its drift *rate*, not the distance it still has
+to go (benchmarks/README.md, "The oracle"); and a freeze costs what the later learning
+rate would still have moved the module ("Where a freeze costs"). Both are read from the
+schedule, whatever scheduler built it (:mod:`egeria.lr_schedule`):
+
+- the module's *pace*: its drift per unit of learning-rate mass, a reading over the sum
+  of the learning rates of its interval's steps (the median of the last W such values, so
+  that one heavy-tailed reading moves nothing);
+- its *outlook*: the pace times the mass still ahead (the sum of the learning rates of the
+  steps to come), the drift still to come if it goes on as it does now; and the outlook's
+  share of the largest it has had in the run.
+
+A module freezes when its readings say it has settled, by the paper's test (the slope of
+its smoothed readings within tolerance for W readings), and its outlook has fallen to at
+most ``horizon`` of its largest: a module settled at a high learning rate still has most
+of its movement ahead, one settled after the schedule has spent its mass has not, whether
+the schedule steps, decays smoothly or warms up first. A module whose readings sit within
+``floor_ratio`` of the reference's own error for W readings (*quiet*: its drift cannot be
+told from none, as a pretrained front's in fine-tuning) freezes on that alone, however
+much mass is ahead. Without a known schedule (``ReduceLROnPlateau``, an unknown length) no
+outlook exists, and only quiet modules freeze.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
+from .plasticity import ModuleWatch, Reading
+
+__all__ = ["FrontRule", "Outlook"]
+
+
+class Outlook:
+    """One module's pace (drift per unit of learning-rate mass) and outlook.
+
+    Args:
+        window: how many paces the median is taken over (W).
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.paces: list[float] = []  # the last W readings' drift per unit of mass
+        self.ahead: float | None = None  # the learning-rate mass ahead at the latest reading
+        self.largest = 0.0  # the largest outlook the module has had in the run
+
+    def add(self, plasticity: float, mass: float | None, ahead: float | None) -> None:
+        """A reading over an interval holding learning-rate mass ``mass`` (the sum of its
+        steps' learning rates), with ``ahead`` still to come (None: not known)."""
+        self.ahead = ahead
+        if mass is not None and mass > 0:
+            self.paces = (self.paces + [plasticity / mass])[-self.window:]
+        value = self.value
+        if value is not None:
+            self.largest = max(self.largest, value)
+
+    def restart(self) -> None:
+        """A new regime of the learning rate: the paces start afresh (the largest stays)."""
+        self.paces = []
+
+    @property
+    def pace(self) -> float | None:
+        return statistics.median(self.paces) if self.paces else None
+
+    @property
+    def value(self) -> float | None:
+        """The drift still to come at the current pace (None: pace or mass ahead unknown)."""
+        pace = self.pace
+        return None if pace is None or self.ahead is None else pace * self.ahead
+
+    @property
+    def share(self) -> float | None:
+        """The outlook as a share of the largest it has had (None: not known)."""
+        value = self.value
+        if value is None or self.largest <= 0:
+            return None
+        return value / self.largest
+
+    def state_dict(self) -> dict:
+        return {"paces": list(self.paces), "ahead": self.ahead, "largest": self.largest}
+
+    @classmethod
+    def from_state(cls, window: int, state: dict) -> Outlook:
+        outlook = cls(window)
+        outlook.paces = [float(p) for p in state["paces"]][-window:]
+        outlook.ahead = None if state["ahead"] is None else float(state["ahead"])
+        outlook.largest = float(state["largest"])
+        return outlook
+
+    @staticmethod
+    def state_spec() -> Spec:
+        return record({"paces": items(number(0)), "ahead": optional(number(0)), "largest": number(0)})
+
+
+class FrontRule:
+    """The rule's state for the watched modules.
+
+    Args:
+        window: W, as in :class:`ModuleWatch`.
+        tolerance_ratio: as in :class:`ModuleWatch`.
+        horizon: Egeria's criterion: a settled module freezes once its outlook is at most
+            this share of its largest (None or 1.0: the slope test alone, as in the paper).
+        regimes: a reading whose learning rate differs 2x or more from the module's
+            previous one restarts that module's moving average, stale count and paces, and
+            is itself left out of them (:meth:`ModuleWatch.new_regime`).
+        floor_ratio: a module also settles after W consecutive readings whose smoothed
+            plasticity is at most this many times its smoothed floor (what it reads when it
+            has not moved). None: floors are not compared.
+    """
+
+    def __init__(self, window: int, tolerance_ratio: float, *, horizon: float | None = None,
+                 regimes: bool = False, floor_ratio: float | None = None) -> None:
+        self.window = window
+        self.tolerance_ratio = tolerance_ratio
+        self.horizon = horizon
+        self.regimes = regimes
+        self.floor_ratio = floor_ratio
+        self.watches: dict[int, ModuleWatch] = {}
+        self.outlooks: dict[int, Outlook] = {}  # kept across restarts: their largest is the run's
+
+    def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None, *,
+             mass: float | None = None, ahead: float | None = None) -> Reading:
+        """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
+        not known), with its floor where measured, through its watch; ``mass`` is the
+        learning-rate mass the reading's interval held (the sum of its steps' learning
+        rates) and ``ahead`` the mass still to come after it (None: the schedule is not
+        known).
+
+        Raises:
+            ValueError: for a value that is not a finite number.
+        """
+        watch = self.watches.get(index)
+        if watch is None:
+            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio, self.floor_ratio)
+        outlook = self.outlooks.get(index)
+        if outlook is None:
+            outlook = self.outlooks[index] = Outlook(self.window)
+        if self.regimes and lr is not None and watch.new_regime(lr):
+            outlook.restart()
+        reading = watch.update(plasticity, floor)
+        if reading.counted:
+            outlook.add(reading.plasticity, mass, ahead)
+        else:
+            outlook.ahead = ahead
+        return reading
+
+    def outlook(self, index: int) -> Outlook | None:
+        return self.outlooks.get(index)
+
+    def settled(self, index: int) -> bool:
+        """The rule says freeze: W quiet readings (at the floor); or W stale readings and
+        (under Egeria's criterion) an outlook at most ``horizon`` of its largest."""
+        watch = self.watches.get(index)
+        if watch is None or not watch.smoothed:
+            return False
+        if self.quiet(index):
+            return True
+        if watch.stale < self.window:
+            return False
+        if self.horizon is None or self.horizon >= 1:
+            return True
+        outlook = self.outlooks.get(index)
+        share = outlook.share if outlook is not None else None
+        return share is not None and share <= self.horizon
+
+    def quiet(self, index: int) -> bool:
+        """Whether module ``index`` has read at its floor for W readings."""
+        watch = self.watches.get(index)
+        return watch is not None and watch.quiet >= self.window
+
+    def settled_front(self, indices: Sequence[int]) -> int:
+        """How many of ``indices`` (front first) have settled, counted from the front up to
+        the first that has not."""
+        count = 0
+        while count < len(indices) and self.settled(indices[count]):
+            count += 1
+        return count
+
+    def tolerance(self, index: int) -> float | None:
+        watch = self.watches.get(index)
+        return None if watch is None else watch.tolerance
+
+    def forget_before(self, index: int) -> None:
+        """Modules before ``index`` froze: their watches and outlooks go."""
+        self.watches = {i: w for i, w in self.watches.items() if i >= index}
+        self.outlooks = {i: o for i, o in self.outlooks.items() if i >= index}
+
+    def restart(self, window: int) -> None:
+        """Every watch starts afresh with window ``window``; the outlooks' paces too (their
+        largest stays)."""
+        self.window = window
+        self.watches = {}
+        for outlook in self.outlooks.values():
+            outlook.window = window
+            outlook.restart()
+
+    def state_dict(self) -> dict:
+        return {
+            "window": self.window,
+            "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
+            "outlooks": {str(i): o.state_dict() for i, o in self.outlooks.items()},
+        }
+
+    @staticmethod
+    def state_fields(modules: int) -> dict[str, Spec]:
+        """The fields :meth:`state_dict` writes, for a partition of ``modules`` modules."""
+        index = index_keys(0, modules - 1)
+        return {
+            "window": integer(1, 10**6),
+            "watches": mapping(ModuleWatch.state_spec(), keys=index),
+            "outlooks": mapping(Outlook.state_spec(), keys=index),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window = int(state["window"])
+        self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
+        self.outlooks = {int(i): Outlook.from_state(self.window, o) for i, o in state["outlooks"].items()}
+

@@ -1,0 +1,127 @@
+"""Issue 28's fine-tuning task (d): PTB sentences for a BERT-style encoder, bigram shift, the
+pretraining's masking, and one tiny run through the Hugging Face Trainer recorded as a run
+file that the report reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from egeria.bench import ptb_sentences as ps
+from egeria.bench.bshift import BigramShift
+
+from needs_data import needs_ptb
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="pip install egeria[hf]")
+
+
+def _pretraining_script():
+    spec = importlib.util.spec_from_file_location("pretrain_ptb_bert", ROOT / "scripts" / "pretrain_ptb_bert.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_encode_pads_and_cuts():
+    ids, mask = ps.encode([7, 8, 9], 6)
+    assert ids.tolist() == [ps.CLS, 7, 8, 9, ps.SEP, ps.PAD] and mask.tolist() == [1, 1, 1, 1, 1, 0]
+    ids, _ = ps.encode(list(range(10, 20)), 5)
+    assert ids.tolist() == [ps.CLS, 10, 11, 12, ps.SEP]
+    with pytest.raises(ValueError, match="length=2"):
+        ps.encode([7], 2)
+
+
+def test_bigram_shift_is_balanced_fixed_and_swaps_two_different_neighbours():
+    g = torch.Generator().manual_seed(5)
+    sentences = [torch.randint(4, 60, (int(n),), generator=g) for n in torch.randint(2, 30, (101,), generator=g)]
+    sentences.append(torch.tensor([9, 9, 9]))  # no two different neighbours: left out
+    data = BigramShift(sentences, 12, data_seed=0)
+    assert len(data) == 101 and int(data.labels.sum()) == 50
+    again = BigramShift(sentences, 12, data_seed=0)
+    assert torch.equal(data.input_ids, again.input_ids) and torch.equal(data.labels, again.labels)
+    assert not torch.equal(BigramShift(sentences, 12, data_seed=1).labels, data.labels)
+    for i, (sentence, j) in enumerate(zip(sentences, data.swaps)):
+        words = data.input_ids[i, 1 : 1 + min(len(sentence), 10)]
+        original = sentence[:10]
+        if data.labels[i] == 0:
+            assert j == -1 and torch.equal(words, original)
+        else:
+            assert 0 <= j < len(original) - 1 and original[j] != original[j + 1]
+            assert words[j] == original[j + 1] and words[j + 1] == original[j]
+            assert torch.equal(torch.cat([words[:j], words[j + 2 :]]), torch.cat([original[:j], original[j + 2 :]]))
+    item = data[0]
+    assert set(item) == {"input_ids", "attention_mask", "labels"} and item["input_ids"].shape == (12,)
+
+
+def test_bigram_shift_refusals_name_the_value():
+    with pytest.raises(ValueError, match="length=3"):
+        BigramShift([torch.tensor([5, 6])], 3)
+    with pytest.raises(ValueError, match="none of the 1 sentences"):
+        BigramShift([torch.tensor([5, 5])], 8)
+
+
+def test_pretraining_masks_words_only_and_packs_whole_sentences():
+    script = _pretraining_script()
+    rows = script.pack([torch.tensor([10, 11, 12]), torch.tensor([13, 14]), torch.arange(20, 40)], 8)
+    assert rows.tolist()[0] == [ps.CLS, 10, 11, 12, ps.SEP, 13, 14, ps.SEP]
+    assert rows.tolist()[1] == [ps.CLS, 20, 21, 22, 23, 24, 25, ps.SEP]
+    ids = torch.randint(4, 100, (64, 32), generator=torch.Generator().manual_seed(0))
+    ids[:, 0], ids[:, -1] = ps.CLS, ps.PAD
+    inputs, labels = script.mask_words(ids, 100, torch.Generator().manual_seed(1))
+    chosen = labels != -100
+    assert 0.1 < chosen.float().mean() < 0.2
+    assert not chosen[:, 0].any() and not chosen[:, -1].any()  # specials never masked
+    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
+    assert 0.7 < (inputs[chosen] == ps.MASK).float().mean() < 0.9
+    again = script.mask_words(ids, 100, torch.Generator().manual_seed(1))
+    assert torch.equal(again[0], inputs) and torch.equal(again[1], labels)
+
+
+@needs_ptb
+def test_ptb_sentences_follow_the_text():
+    from egeria.data import load_ptb
+
+    corpus = load_ptb()
+    valid = ps.sentences(corpus, "valid")
+    assert len(valid) == 3370 and ps.vocab_size(corpus) == 10004
+    eos = corpus.vocab.index("<eos>") + len(ps.SPECIALS)
+    assert all(int(s.min()) >= len(ps.SPECIALS) and eos not in s.tolist() for s in valid[:50])
+    assert sum(len(s) + 1 for s in valid) == len(corpus.valid)  # every word, one <eos> per sentence
+    with pytest.raises(ValueError, match="'dev'"):
+        ps.sentences(corpus, "dev")
+
+
+@pytest.mark.slow
+@needs_ptb
+@needs_transformers
+def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    from egeria.bench.report import build_report, load_runs
+    from egeria.bench.trainer_run import main, run_trainer_bench
+    torch.manual_seed(0)
+    # PTB's 10,000 words and the 4 specials.
+    config = BertConfig(vocab_size=10004, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=48, type_vocab_size=1, pad_token_id=ps.PAD)
+    BertForMaskedLM(config).save_pretrained(tmp_path / "encoder")
+    run = run_trainer_bench("bert-ptb-bshift", "none", seed=1, epochs=1, out_dir=tmp_path / "runs", limit=64,
+                            eval_limit=40, records_per_epoch=2, init=tmp_path / "encoder", heap="default")
+    path = tmp_path / "runs" / "cpu" / "bert-ptb-bshift" / "none-seed1.json"
+    assert json.loads(path.read_text()) == json.loads(json.dumps(run))
+    assert run["total_steps"] == 2 and [r["step"] for r in run["records"]] == [1, 2]
+    assert run["trainer"]["lr_scheduler_type"] == "linear" and run["trainer"]["global_steps"] == 2
+    assert run["final"]["total_flops"] > 0 and run["records"][0]["backward_share"] == 1.0
+    assert all(r["frozen"] == [] for r in run["records"]) and run["modules"][0] == "bert.embeddings"
+    assert 0.0 <= run["final"]["metric"] <= 1.0 and run["init"]["weights_sha256"]
+    report = build_report(load_runs([tmp_path / "runs"]), tmp_path / "report", plots=False)
+    assert report["tasks"]["bert-ptb-bshift"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
+    with pytest.raises(SystemExit):
+        main(["bert-ptb-bshift", "--cache"])
+    with pytest.raises(ValueError, match="scripts/pretrain_ptb_bert.py"):
+        run_trainer_bench("bert-ptb-bshift", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")

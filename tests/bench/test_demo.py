@@ -1,0 +1,64 @@
+"""The demo and the ``egeria`` CLI: a quick run writes a plot and a JSON holding both runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import egeria.bench.allocator as allocator
+from egeria.cli import build_parser, main
+from needs_data import needs_fmnist
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("tqdm")
+
+
+def test_cli_parses_demo_arguments() -> None:
+    args = build_parser().parse_args(["demo", "--quick", "--out", "somewhere", "--seed", "3"])
+    assert (args.command, args.quick, args.out, args.seed) == ("demo", True, "somewhere", 3)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])
+
+
+@pytest.mark.parametrize("command", [["demo", "--quick"], ["bench", "resnet-fmnist"]])
+def test_demo_and_bench_without_the_bench_extra_name_it(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import egeria.bench
+
+    monkeypatch.setattr(egeria.bench, "EXTRA", ("tqdm", "egeria_no_such_module"))
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"egeria {command[0]} needs egeria_no_such_module (the bench extra)" in err
+    assert "pip install 'egeria[bench]'" in err
+
+
+@pytest.mark.slow
+@needs_fmnist
+def test_quick_demo_via_cli_writes_png_and_json_with_both_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["demo", "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
+
+    png = tmp_path / "demo.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = json.loads((tmp_path / "demo.json").read_text())
+    assert set(result["runs"]) == {"plain", "egeria"}
+    for name, run in result["runs"].items():
+        accuracies = [e["test_accuracy"] for e in run["epochs"]]
+        assert len(accuracies) == result["settings"]["epochs"], name
+        assert all(math.isfinite(a) and 0.0 <= a <= 1.0 for a in accuracies), (name, accuracies)
+        assert math.isfinite(run["final_accuracy"]) and run["train_time_s"] > 0, name
+        assert len(run["losses"]) == result["total_steps"], name
+        # Each run's process fixed its heap (where the C library is glibc).
+        assert run["heap"] == ("steady" if allocator.can_fix_heap() else "default"), name
+    assert result["summary"]["target_accuracy"] == result["runs"]["plain"]["final_accuracy"]
+    # Same initial weights and batch order: identical until Egeria's first freeze.
+    first_freeze = result["summary"]["first_freeze_step"]
+    identical = result["summary"]["identical_losses_through_step"]
+    assert identical >= first_freeze if first_freeze is not None else identical == result["total_steps"]
+
+    out = capsys.readouterr().out
+    assert out.startswith("command: egeria demo --quick")
+    assert "machine: " in out and "final test accuracy" in out
