@@ -96,7 +96,7 @@ class RawFloors:
 
 def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, int | None]:
     """Module -> the step of the evaluation at which it would freeze (None: not by ``until``)."""
-    from egeria.knowledge.rule import FrontRule
+    from egeria.knowledge.rule import FrontRule, RuleSettings
 
     modules = []
     by_step: dict[int, dict[str, dict]] = defaultdict(dict)
@@ -104,7 +104,7 @@ def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, 
         if row["module"] not in modules:
             modules.append(row["module"])
         by_step[row["step"]][row["module"]] = row
-    rule = FrontRule(WINDOW, TOLERANCE_RATIO, horizon=horizon, regimes=True, floor_ratio=FLOOR_RATIO)
+    rule = FrontRule(RuleSettings(WINDOW, TOLERANCE_RATIO, horizon=horizon, regimes=True, floor_ratio=FLOOR_RATIO))
     floors = RawFloors()
     frozen_at: dict[str, int | None] = {m: None for m in modules}
     front, previous = 0, None

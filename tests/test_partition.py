@@ -25,7 +25,7 @@ def test_egerias_rule_freezes_at_most_the_leading_three_quarters_of_the_weight_c
     eg, capped = partition_of(net, (torch.randn(2, 1, 28, 28),), max_frozen_flops=None)  # egeria's default, 0.75
     # conv1..layer2.2 do 68% of ResNet-20's weight computation; with layer3.0 it would be 77%.
     assert capped.names[capped.freezable - 1] == "layer2.2" and capped.freezable == 5
-    flops = eg._module_flops(capped)
+    flops = eg._layers.module_flops(capped)
     assert sum(flops[:5]) / sum(flops) == pytest.approx(0.676, abs=0.005)
     # The count is each weight's size times its output positions (x2), as torch's own
     # FLOP counter counts the same layers' matrix work.

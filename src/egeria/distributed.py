@@ -83,6 +83,18 @@ class Ranks:
         # A CPU group for the decisions: a broadcast over NCCL would need a device tensor
         # and a synchronising read of it at every step.
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        self._layout: tuple[Any, list] | None = None  # a partition's names and shapes, for the digest
+
+    def summary(self, model: nn.Module, prefix: Any, policy: str) -> dict[str, Any]:
+        """What every rank must hold alike (its digest travels with every step boundary's
+        agreement, :meth:`agree`): the layer modules with their parameters' shapes, the
+        frozen set (``prefix``, a :class:`~egeria.freezing.FrozenPrefix`) and the policy's name."""
+        if self._layout is None or self._layout[0] is not prefix.partition:
+            named = dict(model.named_parameters())
+            self._layout = (prefix.partition, [
+                (m.name, [(p, tuple(named[p].shape)) for p in m.params if p in named]) for m in prefix.partition.modules
+            ])
+        return {"layer modules": self._layout[1], "frozen set": prefix.names, "policy": policy}
 
     @property
     def leader(self) -> bool:

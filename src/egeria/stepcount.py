@@ -1,4 +1,6 @@
-"""Which calls of ``Egeria.step()`` are training steps: those after an optimizer step.
+"""Which calls of ``Egeria.step()`` are training steps: those after an optimizer step
+(:class:`OptimizerSteps`), and the loss the model's own output carried over the step
+(:class:`OutputLosses`).
 
 Egeria counts steps from the optimizer itself (``optimizer.register_step_post_hook``), so
 a loop may call ``eg.step()`` after every micro-batch (gradient accumulation, a
@@ -12,11 +14,15 @@ without step hooks (not a ``torch.optim.Optimizer``) counts every call, as befor
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
-__all__ = ["OptimizerSteps"]
+from .hooks import mark
+
+__all__ = ["OptimizerSteps", "OutputLosses"]
 
 
 class OptimizerSteps:
@@ -69,3 +75,38 @@ class OptimizerSteps:
         found = getattr(optimizer, "found_inf", None)  # set by GradScaler around a fused step
         if isinstance(found, torch.Tensor):
             self._found_inf.append(found.detach().clone())
+
+
+class OutputLosses:
+    """The losses a model's training forwards return in their output (``output.loss`` or
+    ``output["loss"]``, as Hugging Face models do), summed between step boundaries without
+    a copy or a device sync; forwards of Egeria's own (``own_pass()``) are not counted."""
+
+    def __init__(self, model: nn.Module, own_pass: Callable[[], bool]) -> None:
+        self._own_pass = own_pass
+        self._sum: tuple[Any, int] | None = None  # (sum, count) of this step's output losses
+        self._hook = mark(model.register_forward_hook(self._capture))
+
+    def take(self) -> torch.Tensor | None:
+        """The mean of the losses since the previous call (None: none was seen); the next
+        step's micro-batches count afresh."""
+        taken, self._sum = self._sum, None
+        if taken is None:
+            return None
+        total, count = taken
+        return total / count
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+    def _capture(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """Keeps the loss a training forward returns in its output (no copy, no sync)."""
+        if not module.training or self._own_pass():
+            return
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, Mapping):
+            loss = output.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            loss = loss.detach().reshape(())
+            total, count = self._sum or (0.0, 0)
+            self._sum = (loss + total, count + 1)

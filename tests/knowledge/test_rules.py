@@ -14,7 +14,7 @@ import egeria
 from egeria.knowledge.executors import InlineExecutor
 from egeria.knowledge.protocol import Readout, Request
 from egeria.knowledge.reference import ReferenceModel
-from egeria.knowledge.rule import FrontRule, Outlook
+from egeria.knowledge.rule import FrontRule, Outlook, RuleSettings
 from egeria.knowledge.service import ControllerSpec
 from egeria.knowledge.weights import float_snapshot
 from fakes import Recorder
@@ -27,8 +27,9 @@ def _controller(span: int, window: int = 3, precision: str = "fp32",
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     spec = ControllerSpec(
-        partition, float_snapshot(model), precision, window=window, tolerance_ratio=0.2, refresh_every=1, threads=1,
-        cpu_threshold=None, span=span, floor_ratio=floor_ratio, horizon=horizon,
+        partition, float_snapshot(model), precision,
+        RuleSettings(window=window, tolerance_ratio=0.2, floor_ratio=floor_ratio, horizon=horizon),
+        refresh_every=1, threads=1, cpu_threshold=None, span=span,
     )
     return model, partition, InlineExecutor(spec)
 
@@ -212,8 +213,8 @@ def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whate
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     refresh_every = 1000  # only the build, and the reading spanning the change
-    spec = ControllerSpec(partition, float_snapshot(model), "fp32", window=3, tolerance_ratio=0.2,
-                          refresh_every=refresh_every, threads=1, cpu_threshold=None, span=2, regimes=regimes)
+    spec = ControllerSpec(partition, float_snapshot(model), "fp32", RuleSettings(window=3, tolerance_ratio=0.2, regimes=regimes),
+                          refresh_every=refresh_every, threads=1, cpu_threshold=None, span=2)
     executor = InlineExecutor(spec)
     refreshed = []
     original = ReferenceModel.refresh
@@ -230,7 +231,7 @@ def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whate
 
 
 def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_the_largest_outlook_across_restarts():
-    rule = FrontRule(window=2, tolerance_ratio=0.2, horizon=0.1)
+    rule = FrontRule(RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.1))
     for k in range(6):  # module 1: flat, with half the run's mass still ahead: not settled
         rule.read(1, 1.0, mass=0.01, ahead=0.5)
     for ahead in (0.9, 0.5, 0.1, 0.05, 0.05, 0.05):  # module 0: flat, the mass ahead runs out
@@ -242,7 +243,7 @@ def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_the_larg
     assert set(rule.watches) == set(rule.outlooks) == {1}
     rule.restart(window=3)
     assert rule.watches == {} and rule.window == 3 and rule.outlook(1).largest == 50.0 and rule.outlook(1).paces == []
-    copy = FrontRule(window=9, tolerance_ratio=0.2)
+    copy = FrontRule(RuleSettings(window=9, tolerance_ratio=0.2))
     copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
     assert copy.window == 3 and copy.outlook(1).largest == 50.0
 
@@ -266,7 +267,7 @@ def test_the_outlook_is_the_median_pace_times_the_mass_ahead_against_the_largest
 
 @pytest.mark.parametrize("horizon, settles", [(None, True), (1.0, True), (0.5, False)])
 def test_without_a_known_schedule_only_the_slope_test_or_the_floor_can_settle_a_module(horizon, settles):
-    rule = FrontRule(window=3, tolerance_ratio=0.2, horizon=horizon)
+    rule = FrontRule(RuleSettings(window=3, tolerance_ratio=0.2, horizon=horizon))
     for _ in range(8):  # flat: stale from the 4th reading
         rule.read(0, 1.0)
     assert rule.watches[0].stale >= 3 and rule.settled(0) is settles
@@ -416,3 +417,24 @@ def test_an_unknown_schedule_is_said_once_with_what_it_costs_and_only_quiet_modu
     assert len(said) == 1 and "metric" in said[0] and "at their floor" in said[0]
     assert history and all(row["mass_ahead"] is None and row["outlook_share"] is None for row in history)
     assert not [d for d in decisions if d.action == "freeze"]  # no floor test here, no outlook: nothing
+
+
+def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_whole():
+    from egeria.config import TOLERANCE_RATIO
+
+    config = egeria.EgeriaConfig(window=4, horizon=0.01, floor_ratio=6.0)
+    policy = egeria.KnowledgeGuided(config)
+    assert policy.rule_settings == RuleSettings(
+        window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0
+    )
+    paper = egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).rule_settings
+    assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio) == (10, None, False, None)
+    assert egeria.KnowledgeGuided(config.replace(floor_ratio=0.0)).rule_settings.floor_ratio is None  # 0: off
+    model, partition, executor = _controller(span=1)
+    executor.close()
+    settings = RuleSettings(window=5, tolerance_ratio=0.3, horizon=0.2, regimes=True, floor_ratio=4.0)
+    spec = ControllerSpec(partition, float_snapshot(model), "fp32", settings, refresh_every=1, threads=1, cpu_threshold=None)
+    controller = spec.build()
+    assert controller.rule.settings is settings and controller.window == 5
+    assert (controller.rule.tolerance_ratio, controller.rule.horizon, controller.rule.regimes) == (0.3, 0.2, True)
+    assert controller.rule.floor_ratio == 4.0

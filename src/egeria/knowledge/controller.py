@@ -48,7 +48,7 @@ from ..decision import Decision
 from ..partition import Partition
 from .protocol import Readout, Request, Result
 from .reference import ReferenceModel
-from .rule import FrontRule
+from .rule import FrontRule, RuleSettings
 from .similarity import Gram, sp_loss
 from .threads import limited_threads
 from .truncated import outputs_until
@@ -67,12 +67,11 @@ class Controller:
         template: a CPU fp32 copy of the model (without Egeria's hooks); kept as the fp32
             front that computes eval-mode training activations, and copied for the reference.
         precision: reference precision.
-        window: W.
-        tolerance_ratio: see :class:`EgeriaConfig`.
+        rule: the freezing rule's settings (:class:`~egeria.knowledge.rule.RuleSettings`;
+            its window is W now).
         refresh_every: refresh the reference every this many readings.
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
-        horizon, regimes, floor_ratio: as in :class:`~egeria.knowledge.rule.FrontRule`.
     """
 
     def __init__(
@@ -81,14 +80,10 @@ class Controller:
         template: nn.Module,
         *,
         precision: str,
-        window: int,
-        tolerance_ratio: float,
+        rule: RuleSettings,
         refresh_every: int = 1,
         threads: int | None = 1,
         span: int = 1,
-        horizon: float | None = None,
-        regimes: bool = False,
-        floor_ratio: float | None = None,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
@@ -96,10 +91,10 @@ class Controller:
         self.refresh_every = refresh_every
         self.threads = threads
         self.span = span
-        self.rule = FrontRule(window, tolerance_ratio, horizon=horizon, regimes=regimes, floor_ratio=floor_ratio)
+        self.rule = FrontRule(rule)
         self.floors: dict[int, float] = {}  # each watched module's floor at the latest refresh
         self.reference: ReferenceModel | None = None
-        self.restart(generation=0, frozen=0, window=window)
+        self.restart(generation=0, frozen=0, window=rule.window)
 
     @property
     def window(self) -> int:

@@ -18,6 +18,7 @@ started at the first step boundary, in the executor the config names.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -44,12 +45,13 @@ from .device import HostCopy, LocalCopy, handoff
 from .executors import Executor, make_executor
 from .link import ControllerLink
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
+from .rule import RuleSettings
 from .service import ControllerSpec
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
 from .weights import ModuleKeys, float_snapshot
 
-__all__ = ["KnowledgeGuided", "derive_eval_interval"]
+__all__ = ["KnowledgeGuided", "derive_eval_interval", "rule_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,20 @@ def derive_eval_interval(total_steps: int, window: int, num_modules: int) -> int
     return max(1, int(total_steps / (2 * window) / num_modules / _GUIDELINE_FACTOR))
 
 
+def rule_settings(config: EgeriaConfig) -> RuleSettings:
+    """The freezing rule's settings from ``config`` and the paper's slope tolerance
+    (``TOLERANCE_RATIO``, read now); Egeria's rule (``rule="egeria"``) adds regimes.
+
+    ``floor_ratio=0`` turns floors off: none is measured."""
+    return RuleSettings(
+        window=config.window,
+        tolerance_ratio=TOLERANCE_RATIO,
+        horizon=config.horizon,
+        regimes=config.rule == "egeria",
+        floor_ratio=config.floor_ratio or None,
+    )
+
+
 class KnowledgeGuided:
     """Freezes the frontmost active module once its plasticity has become stationary.
 
@@ -78,6 +94,8 @@ class KnowledgeGuided:
     """
 
     name = "egeria"
+    #: EgeriaConfig.max_frozen_flops caps the modules it may freeze (:class:`~egeria.policies.PolicyView`).
+    capped_by_config = True
 
     def __init__(
         self,
@@ -92,6 +110,7 @@ class KnowledgeGuided:
         self.unfreeze_rule: UnfreezeRule = unfreeze_rule or LRDropRule(self.unfreeze_lr_drop)
         self._checked_cycles = unfreeze_rule is not None or self.unfreeze_lr_drop == math.inf
         self._executor_factory = executor
+        self.rule_settings = rule_settings(self.config)  # the rule's, built once
         self.stage = "bootstrap"
         self.window = self.config.window
         self.eval_interval: int | None = self.config.eval_interval
@@ -169,6 +188,26 @@ class KnowledgeGuided:
         self._handles = []
         if self.link is not None:
             self.link.close()  # kept: its history and counts stay readable
+
+    # -- what the engine reports (egeria.policies.PolicyView) ----------------------------
+
+    def evaluation_interval(self, total_steps: int | None, modules: Callable[[], int], known: bool) -> int | None:
+        """n as planned now (:meth:`planned_interval`); None while it is not set and the
+        layer modules are not ``known`` yet."""
+        if self.eval_interval is None and not known:
+            return None
+        return self.planned_interval(total_steps, modules())
+
+    def controller_stats(self) -> dict:
+        """The controller link's counts and the cost budget's summary (``overhead``);
+        empty before the first step boundary."""
+        if self.link is None:
+            return {}
+        return {**self.link.stats(), "overhead": self.budget.summary()}
+
+    def history(self) -> list[dict]:
+        """The plasticity readings so far."""
+        return [] if self.link is None else list(self.link.history)
 
     # -- the steps of target() ----------------------------------------------------------
 
@@ -346,16 +385,12 @@ class KnowledgeGuided:
             self._binding.partition,
             float_snapshot(self._binding.model, self._home),
             resolve_precision(cfg.reference_precision),
-            window=self.window,
-            tolerance_ratio=TOLERANCE_RATIO,
+            rule=dataclasses.replace(self.rule_settings, window=self.window),
             refresh_every=1,  # after every reading: a reading measures the last n steps' drift
             threads=controller_threads(self.executor_kind, cpus),
             cpu_threshold=cfg.cpu_threshold,
             span=self.span,
             cpus=cpus,
-            horizon=cfg.horizon,
-            regimes=cfg.rule == "egeria",
-            floor_ratio=cfg.floor_ratio or None,  # 0: off, no floors measured
         )
 
     @property

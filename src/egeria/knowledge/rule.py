@@ -33,12 +33,42 @@ outlook exists, and only quiet modules freeze.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["FrontRule", "Outlook"]
+__all__ = ["FrontRule", "Outlook", "RuleSettings"]
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """The freezing rule's settings: built once from the config, where the policy is
+    built (:func:`egeria.knowledge.policy.rule_settings`), and carried whole to the
+    controller (:class:`~egeria.knowledge.service.ControllerSpec`) and the rule. A new
+    setting is a field here and a line there.
+
+    Attributes:
+        window: W, the readings a module must stay settled for, at the start (the rule
+            holds the current one: the policy halves it at an unfreeze).
+        tolerance_ratio: the slope test's tolerance as a share of the largest of the
+            first three slope magnitudes (:class:`~egeria.knowledge.plasticity.ModuleWatch`).
+        horizon: Egeria's criterion: a settled module freezes once its outlook is at most
+            this share of its largest (None or 1.0: the slope test alone, as in the paper).
+        regimes: a reading whose learning rate differs 2x or more from the module's
+            previous one restarts that module's moving average, stale count and paces, and
+            is itself left out of them (:meth:`ModuleWatch.new_regime`).
+        floor_ratio: a module also settles after W consecutive readings whose smoothed
+            plasticity is at most this many times its smoothed floor (what it reads when it
+            has not moved). None: floors are not compared (nor measured).
+    """
+
+    window: int
+    tolerance_ratio: float
+    horizon: float | None = None
+    regimes: bool = False
+    floor_ratio: float | None = None
 
 
 class Outlook:
@@ -106,25 +136,16 @@ class FrontRule:
     """The rule's state for the watched modules.
 
     Args:
-        window: W, as in :class:`ModuleWatch`.
-        tolerance_ratio: as in :class:`ModuleWatch`.
-        horizon: Egeria's criterion: a settled module freezes once its outlook is at most
-            this share of its largest (None or 1.0: the slope test alone, as in the paper).
-        regimes: a reading whose learning rate differs 2x or more from the module's
-            previous one restarts that module's moving average, stale count and paces, and
-            is itself left out of them (:meth:`ModuleWatch.new_regime`).
-        floor_ratio: a module also settles after W consecutive readings whose smoothed
-            plasticity is at most this many times its smoothed floor (what it reads when it
-            has not moved). None: floors are not compared.
+        settings: the rule's settings (:class:`RuleSettings`); W starts at its window.
     """
 
-    def __init__(self, window: int, tolerance_ratio: float, *, horizon: float | None = None,
-                 regimes: bool = False, floor_ratio: float | None = None) -> None:
-        self.window = window
-        self.tolerance_ratio = tolerance_ratio
-        self.horizon = horizon
-        self.regimes = regimes
-        self.floor_ratio = floor_ratio
+    def __init__(self, settings: RuleSettings) -> None:
+        self.settings = settings
+        self.window = settings.window  # the current W (restart() sets it)
+        self.tolerance_ratio = settings.tolerance_ratio
+        self.horizon = settings.horizon
+        self.regimes = settings.regimes
+        self.floor_ratio = settings.floor_ratio
         self.watches: dict[int, ModuleWatch] = {}
         self.outlooks: dict[int, Outlook] = {}  # kept across restarts: their largest is the run's
 

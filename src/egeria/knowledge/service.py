@@ -30,6 +30,7 @@ from .controller import Controller
 from .cpuload import CpuLoad, wait_for_quiet
 from .placement import pin_to
 from .protocol import Control, Readout, Reply, Request
+from .rule import RuleSettings
 from .weights import as_mapping
 
 __all__ = ["Channels", "ControllerSpec", "Service", "process_main"]
@@ -58,30 +59,22 @@ class ControllerSpec:
     partition: Partition
     template: nn.Module
     precision: str
-    window: int
-    tolerance_ratio: float
+    rule: RuleSettings  # the freezing rule's settings, W as it is now
     refresh_every: int
     threads: int | None
     cpu_threshold: float | None
     span: int = 1
     cpus: tuple[int, ...] | None = None  # cores the controller process may use
-    horizon: float | None = None  # freeze once the drift still to come is this share of its largest (rule="egeria")
-    regimes: bool = False  # a learning-rate change restarts the watches' averages (rule="egeria")
-    floor_ratio: float | None = None  # readings this close to the floor count as quiet (rule="egeria")
 
     def build(self) -> Controller:
         return Controller(
             self.partition,
             self.template,
             precision=self.precision,
-            window=self.window,
-            tolerance_ratio=self.tolerance_ratio,
+            rule=self.rule,
             refresh_every=self.refresh_every,
             threads=self.threads,
             span=self.span,
-            horizon=self.horizon,
-            regimes=self.regimes,
-            floor_ratio=self.floor_ratio,
         )
 
 

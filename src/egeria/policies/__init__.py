@@ -10,16 +10,21 @@ Egeria's own method, :class:`egeria.knowledge.KnowledgeGuided`, built from the w
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .autofreeze import AutoFreeze
-from .base import Binding, FreezePolicy, Move, StatelessPolicy, StepInfo, Target
+from .base import Binding, FreezePolicy, Move, PolicyView, StatelessPolicy, StepInfo, Target, as_move
 from .schedules import FreezeOut, LinearSchedule, NoFreezing, StaticFreezing
 from .smartfrz import SmartFRZ
+
+if TYPE_CHECKING:
+    from ..config import EgeriaConfig
+    from ..knowledge.unfreezing import UnfreezeRule
 
 __all__ = [
     "Binding",
     "FreezePolicy",
+    "PolicyView",
     "Move",
     "StepInfo",
     "Target",
@@ -32,6 +37,8 @@ __all__ = [
     "SmartFRZ",
     "POLICIES",
     "make_policy",
+    "policy_for",
+    "as_move",
 ]
 
 #: Baseline policies by name; "egeria" is :class:`egeria.knowledge.KnowledgeGuided`.
@@ -57,6 +64,29 @@ def make_policy(name: str, **options: Any) -> FreezePolicy:
         return POLICIES[name](**options)
     except TypeError as err:
         raise ValueError(f"bad options for the {name!r} policy: {err}") from None
+
+
+def policy_for(config: EgeriaConfig, policy: FreezePolicy | None, unfreeze_rule: UnfreezeRule | None) -> FreezePolicy:
+    """The policy an ``Egeria`` runs: ``policy`` where given, else the one ``config.policy``
+    names (``"egeria"``: :class:`egeria.knowledge.KnowledgeGuided`, with ``unfreeze_rule``).
+
+    Raises:
+        ValueError: both a policy object and a policy name; an object that is no
+            :class:`FreezePolicy`; ``unfreeze_rule`` for another policy than Egeria's.
+    """
+    if policy is not None and config.policy != "egeria":
+        raise ValueError(f"pass either policy= or EgeriaConfig.policy={config.policy!r}, not both")
+    if policy is None:
+        if config.policy == "egeria":
+            from ..knowledge import KnowledgeGuided  # the method's package builds on this one
+
+            return KnowledgeGuided(config, unfreeze_rule=unfreeze_rule)
+        policy = make_policy(config.policy, **config.policy_options)
+    if not isinstance(policy, FreezePolicy):
+        raise ValueError(f"policy={policy!r} lacks the FreezePolicy methods (bind, target, unbind, state_dict)")
+    if unfreeze_rule is not None:
+        raise ValueError("unfreeze_rule= applies to Egeria's own policy; give it to KnowledgeGuided(unfreeze_rule=...)")
+    return policy
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..checkpoint.saved_state import SavedContext
     from ..checkpoint.statecheck import Spec
 
-__all__ = ["StepInfo", "Binding", "Move", "FreezePolicy", "StatelessPolicy"]
+__all__ = ["StepInfo", "Binding", "Move", "FreezePolicy", "PolicyView", "StatelessPolicy", "as_move"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,13 @@ class Move:
 Target = Union[int, Move, None]
 
 
+def as_move(target: Target, policy: str) -> Move | None:
+    """A policy's answer as a :class:`Move` (a bare count gets ``"<policy> policy"`` as its reason)."""
+    if target is None or isinstance(target, Move):
+        return target
+    return Move(int(target), f"{policy} policy")
+
+
 @runtime_checkable
 class FreezePolicy(Protocol):
     """Decides how many leading layer modules are frozen after each step."""
@@ -128,7 +135,62 @@ class FreezePolicy(Protocol):
     # Optional: ``state_spec(context) -> Spec`` (:mod:`egeria.checkpoint.statecheck`), what a saved
     # state must hold to fit ``context`` (:class:`egeria.checkpoint.saved_state.SavedContext`); the
     # engine checks the whole state with it before anything loads. A policy without it
-    # gets its own load_state_dict's errors.
+    # gets its own load_state_dict's errors. The engine's other questions, each with the
+    # answer it takes from a policy that lacks the member, are :class:`PolicyView`'s.
+
+
+class PolicyView:
+    """What the engine asks a policy beyond :class:`FreezePolicy`'s methods, with the
+    answer it takes from a policy that lacks the member (the baselines lack them all, a
+    user's policy may). The engine asks these, never which class the policy is.
+
+    The optional members of a policy:
+
+    * ``requires_total_steps: bool``: the first step boundary needs ``total_steps``
+      (default False);
+    * ``capped_by_config: bool``: ``EgeriaConfig.max_frozen_flops`` limits which leading
+      modules it may freeze even when the policy object is the user's (default False; a
+      policy the config names by ``EgeriaConfig.policy`` is always capped);
+    * ``stage: str``: ``"bootstrap"`` while it waits for the loss to settle (default
+      ``"guided"``);
+    * ``window: int | None``: the window W of a plasticity rule (default None);
+    * ``evaluation_interval(total_steps, modules, known) -> int | None``: the steps between
+      evaluations, with ``modules()`` the number of layer modules, callable where ``known``
+      (default None);
+    * ``controller_stats() -> dict`` and ``history() -> list[dict]``: a controller's counts
+      and readings (default empty).
+    """
+
+    def __init__(self, policy: FreezePolicy) -> None:
+        self.policy = policy
+
+    @property
+    def requires_total_steps(self) -> bool:
+        return bool(getattr(self.policy, "requires_total_steps", False))
+
+    @property
+    def capped_by_config(self) -> bool:
+        return bool(getattr(self.policy, "capped_by_config", False))
+
+    @property
+    def stage(self) -> str:
+        return getattr(self.policy, "stage", "guided")
+
+    @property
+    def window(self) -> int | None:
+        return getattr(self.policy, "window", None)
+
+    def evaluation_interval(self, total_steps: int | None, modules: Callable[[], int], known: bool) -> int | None:
+        ask = getattr(self.policy, "evaluation_interval", None)
+        return None if ask is None else ask(total_steps, modules, known)
+
+    def controller_stats(self) -> dict:
+        ask = getattr(self.policy, "controller_stats", None)
+        return {} if ask is None else ask()
+
+    def history(self) -> list[dict]:
+        ask = getattr(self.policy, "history", None)
+        return [] if ask is None else ask()
 
 
 class StatelessPolicy:
