@@ -116,6 +116,45 @@ def test_a_users_own_policy_object():
     assert not policy.bound
 
 
+
+class _ProtocolOnly:
+    """A policy with the FreezePolicy methods and nothing else."""
+
+    name = "protocol-only"
+
+    def bind(self, binding):
+        pass
+
+    def target(self, info):
+        return None
+
+    def unbind(self):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class _Capped(_ProtocolOnly):
+    capped_by_config = True
+
+
+@pytest.mark.parametrize("policy, freezable", [(_ProtocolOnly, 6), (_Capped, 3)])
+def test_the_engine_asks_a_policy_object_what_it_offers_and_takes_defaults_for_the_rest(policy, freezable):
+    # Chain's first three layer modules hold 32% of its weight computation (see below);
+    # the cap applies to a policy object only where it says so (Egeria's own says so).
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, policy=policy(), config=egeria.EgeriaConfig(max_frozen_flops=0.4))
+    train(model, opt, eg, batches(2))
+    assert eg.partition.freezable == freezable
+    assert (eg.stage, eg.window, eg.eval_interval, eg.controller_stats, eg.history) == ("guided", None, None, {}, [])
+    eg.close()
+
+
 def test_policy_resume_equals_uninterrupted_run():
     data = batches(3, seed=7) * 12
 
