@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests" / "bench"), str(ROOT / "tests" / "helpers")]  # the test and its helpers
 
 from egeria.data import load_fashion_mnist  # noqa: E402
 from egeria.bench.machine import describe_machine  # noqa: E402
