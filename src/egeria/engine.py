@@ -39,8 +39,8 @@ from .distributed import Ranks, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .knowledge.mainguard import refuse_in_reimported_main
 from .knowledge.unfreezing import UnfreezeRule, current_lr
-from .lr_schedule import LRAt, ScheduleWatch
 from .layers import RunLayers
+from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
 from .partition import Partition, check_blocks, find_blocks
 from .policies import Binding, FreezePolicy, Move, PolicyView, StepInfo, as_move, policy_for
@@ -50,6 +50,7 @@ from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
 __all__ = ["Egeria"]
 
 logger = logging.getLogger(__name__)
+
 
 class Egeria(Checkpointing):
     """Freezes converged front layer modules of ``model`` while it trains.
