@@ -146,7 +146,7 @@ class EgeriaConfig:
     # freezes the demo's front at its last decay, a language model's layers in the last
     # 0.5% of its inverse-square-root schedule's mass, and full-length resnet-fmnist's
     # late in the phase before its last decay or not before it; 0.001 froze the demo's
-    # front 24 steps before the last decay, 1.28x faster and 0.13 points under plain;
+    # front 24 steps before the last decay and ended 0.13 points under plain;
     # benchmarks/README.md, "One criterion in place of the patches") or none (paper: the
     # slope alone decides); 1.0 turns the condition off.
     horizon: float | None = None
