@@ -96,3 +96,39 @@ def test_a_run_that_reads_does_not_warn_of_missing_readings(caplog):
         train(model, opt, eg, batches(1) * 40)
     eg.close()
     assert eg.history and _told(caplog, "without a plasticity reading") == []
+
+
+def _ended_with_nothing(caplog) -> list[str]:
+    return _told(caplog, "with nothing frozen")
+
+
+def _run_to_the_end(caplog, steps: int, **config) -> egeria.Egeria:
+    torch.manual_seed(0)
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, config=quick_config(**config), total_steps=steps)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        train(model, opt, eg, batches(1) * steps)
+        eg.close()
+    return eg
+
+
+def test_a_run_whose_loss_never_settles_says_so_at_its_last_step(caplog):
+    eg = _run_to_the_end(caplog, 30, bootstrap_change_rate=1e-12)
+    found = _ended_with_nothing(caplog)
+    assert eg.stage == "bootstrap" and len(found) == 1, found
+    assert "(step 30)" in found[0] and "bootstrapping never ended" in found[0] and "n=1" in found[0]
+
+
+def test_a_run_whose_front_never_settles_says_what_it_read_at_its_last_step(caplog):
+    eg = _run_to_the_end(caplog, 30, rule="egeria", horizon=1e-9, floor_ratio=0)
+    found = _ended_with_nothing(caplog)
+    assert not any(e.action == "freeze" for e in eg.events) and eg.history and len(found) == 1, found
+    front = [r for r in eg.history if r["module"] == eg.modules[0]][-1]  # the first module's last reading
+    assert f"the front module {front['module']!r} had not settled by its last reading (step {front['step']})" in found[0]
+    assert f"for {front['stale']} of W=3 readings" in found[0] and "against horizon=1e-09" in found[0]
+
+
+def test_a_run_that_froze_does_not_say_nothing_froze(caplog):
+    eg = _run_to_the_end(caplog, 60)
+    assert any(e.action == "freeze" for e in eg.events) and _ended_with_nothing(caplog) == []

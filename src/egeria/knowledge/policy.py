@@ -177,6 +177,8 @@ class KnowledgeGuided:
         frozen = move.frozen if move is not None else info.frozen
         unfreeze = self._unfreeze(info, frozen)
         move = unfreeze or move
+        if info.step == info.total_steps and info.freezable > 0 and (move.frozen if move is not None else info.frozen) == 0:
+            self._say_why_nothing_froze(info.step, info.frozen)
         self.budget.step_done(evaluated)
         self._keep_budget()
         self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
@@ -208,6 +210,47 @@ class KnowledgeGuided:
     def history(self) -> list[dict]:
         """The plasticity readings so far."""
         return [] if self.link is None else list(self.link.history)
+
+    def _say_why_nothing_froze(self, step: int, frozen: int) -> None:
+        """One WARNING at the run's last step when it ends with nothing frozen: why, and
+        what to change (a model whose cap leaves nothing to freeze was told at its start)."""
+        logger.warning("Egeria ends this run (step %d) with nothing frozen: %s", step, self.why_nothing_froze(frozen))
+
+    def why_nothing_froze(self, frozen: int = 0) -> str:
+        """Why the module after the ``frozen`` leading ones is not frozen, and what to change."""
+        if self.stage == "bootstrap":
+            if self._warned_no_loss:
+                return "Egeria.step() got no loss, so bootstrapping never ended: pass the loss, eg.step(loss)"
+            return (
+                f"bootstrapping never ended: the smoothed training loss still changed by more than "
+                f"{BOOTSTRAP_CHANGE_RATE:.0%} between intervals of n={self.eval_interval} steps, and readings start "
+                "only once it changes less (for a short or noisy run, a larger eval_interval)"
+            )
+        assert self._binding is not None
+        front = self._binding.partition.names[frozen]
+        history = [r for r in self.history() if r["module"] == front]
+        if not history:
+            stats = self.controller_stats()
+            failure = stats.get("failure")
+            return (
+                f"no plasticity reading came back ({stats.get('sent', 0)} sent, {stats.get('dropped', 0)} dropped"
+                + (f"; the controller failed: {failure}" if failure else "") + "; eg.controller_stats has the counts)"
+            )
+        last = history[-1]
+        parts = [f"its readings' slope within tolerance for {last.get('stale', 0)} of W={self.window} readings"]
+        horizon, share = self.config.horizon, last.get("outlook_share")
+        if horizon is not None and horizon < 1:
+            parts.append(
+                "no drift still to come known (an unknown schedule: pass lr_scheduler= and total_steps=)" if share is None
+                else f"drift still to come {share:.2g} of its largest, against horizon={horizon:g}"
+            )
+        if self.config.floor_ratio and last.get("floor"):
+            parts.append(f"plasticity {last['smoothed'] / last['floor']:.3g}x its floor, against "
+                         f"floor_ratio={self.config.floor_ratio:g}")
+        return (
+            f"the front module {last['module']!r} had not settled by its last reading (step {last['step']}): "
+            + "; ".join(parts) + " (modules settle late in most schedules; a run that ends first gains nothing)"
+        )
 
     # -- the steps of target() ----------------------------------------------------------
 
