@@ -177,11 +177,12 @@ class KnowledgeGuided:
         frozen = move.frozen if move is not None else info.frozen
         unfreeze = self._unfreeze(info, frozen)
         move = unfreeze or move
-        if info.step == info.total_steps and info.freezable > 0 and (move.frozen if move is not None else info.frozen) == 0:
-            self._say_why_nothing_froze(info.step, info.frozen)
+        frozen = move.frozen if move is not None else info.frozen
+        if info.step == info.total_steps and info.freezable > 0 and frozen == 0:
+            self._say_why_nothing_froze(info.step, frozen)
         self.budget.step_done(evaluated)
         self._keep_budget()
-        self._arm(info.step, move.frozen if move is not None else info.frozen, info.freezable)
+        self._arm(info.step, frozen, info.freezable)
         return move
 
     def unbind(self) -> None:
