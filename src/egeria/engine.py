@@ -44,6 +44,7 @@ from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
 from .partition import Partition, check_blocks, find_blocks
 from .policies import Binding, FreezePolicy, Move, PolicyView, StepInfo, as_move, policy_for
+from .signals import TensorBoardSignals, scalars
 from .stepcount import OptimizerSteps, OutputLosses
 from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
 
@@ -84,6 +85,11 @@ class Egeria(Checkpointing):
             ``lr_at(step) -> float`` (steps from 0), when the scheduler cannot state it
             (a metric-driven or hand-written schedule); it takes precedence over
             ``lr_scheduler`` for the schedule policies read (:mod:`egeria.lr_schedule`).
+        writer: a TensorBoard ``SummaryWriter`` for a plain loop: :meth:`metrics` is
+            written to it every ``log_every`` steps and at every decision, and each
+            decision as a text event (:mod:`egeria.signals`); the HF and Lightning
+            callbacks give the same scalars to the Trainer's own loggers instead.
+        log_every: steps between the writer's scalars.
 
     Steps are counted from the optimizer (:mod:`egeria.stepcount`): a call of
     :meth:`step` that follows no ``optimizer.step()`` (a micro-batch of gradient
@@ -113,6 +119,8 @@ class Egeria(Checkpointing):
         on_change: Callable[[Decision], Any] | None = None,
         module: nn.Module | None = None,
         lr_schedule: LRAt | None = None,
+        writer: Any = None,
+        log_every: int = 50,
     ) -> None:
         refuse_in_reimported_main()  # a spawned process re-running a script without the __main__ guard stops here
         self.config = config if config is not None else EgeriaConfig()
@@ -131,6 +139,7 @@ class Egeria(Checkpointing):
         if on_change is not None and not callable(on_change):
             raise ValueError(f"on_change must be callable, got {type(on_change).__name__}")
         check_lr_schedule(lr_schedule)
+        self._signals = TensorBoardSignals(writer, log_every) if writer is not None else None
         self.policy: FreezePolicy = policy_for(self.config, policy, unfreeze_rule)
         self._asks = PolicyView(self.policy)  # what the engine asks the policy beyond deciding
         self._custom_unfreeze = unfreeze_rule is not None
@@ -211,6 +220,22 @@ class Egeria(Checkpointing):
         ``overhead``: Egeria's own time on the training thread over the run (seconds, and
         its share of the run's wall time between step boundaries)."""
         return self._asks.controller_stats()
+
+    def metrics(self) -> dict[str, float]:
+        """Egeria's scalars now as one flat dict, every name under ``egeria/``: the frozen
+        modules and their share of the parameters and of the backward FLOPs, the latest
+        plasticity of each module read, the controller's readings sent, answered, dropped
+        and late, and Egeria's share of the step time (:mod:`egeria.signals`)."""
+        partition = None
+        if self._layers.known and self._layers.error is None:
+            partition = self.partition
+        return scalars(
+            0 if self._prefix is None else self._prefix.count,
+            None if partition is None else [m.num_params for m in partition.modules],
+            None if partition is None else self._layers.module_flops(partition),
+            self.history,
+            self.controller_stats,
+        )
 
     @property
     def cache_stats(self) -> dict:
@@ -337,6 +362,8 @@ class Egeria(Checkpointing):
             move = self._ranks.agree(move, self.steps, lambda: self._ranks.summary(self.model, prefix, self.policy.name))
         if move is not None:
             self._apply(move)
+        if self._signals is not None:
+            self._signals.after_step(self, self.events[before:])
         return self.events[before:]
 
     def _from_rank0(self, value: Any, what: str) -> Any:

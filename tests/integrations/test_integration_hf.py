@@ -175,6 +175,8 @@ def test_bad_arguments_are_clear_errors():
         EgeriaCallback(total_steps=10, optimizer=None)
     with pytest.raises(ValueError, match=r"unknown arguments \['windw'\]"):
         EgeriaCallback(windw=3)
+    with pytest.raises(ValueError, match="log_signals=...\) must be True or False, got 'yes'"):
+        EgeriaCallback(log_signals="yes")
 
 
 @pytest.mark.slow
@@ -235,3 +237,54 @@ def test_the_integrations_package_imports_without_transformers(monkeypatch):
     importlib.import_module("egeria.integrations")
     with pytest.raises(ImportError, match=r"pip install egeria\[hf\]"):
         importlib.import_module("egeria.integrations.hf")
+
+
+def _tensorboard_events(folder):
+    """The scalars and texts of every event file under ``folder``: ({tag: [(step, value)]},
+    {tag: [(step, text)]})."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars, texts = {}, {}
+    for run in sorted({p.parent for p in folder.rglob("events.out.tfevents.*")}):
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in events.Scalars(tag))
+        for tag in events.Tags()["tensors"]:
+            texts.setdefault(tag, []).extend((e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag))
+    return scalars, texts
+
+
+def test_egerias_scalars_reach_the_trainers_tensorboard_and_log_history(tmp_path):
+    pytest.importorskip("tensorboard")
+    callback = EgeriaCallback(static(3))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=4, learning_rate=1e-2,
+        logging_strategy="steps", logging_steps=2, report_to="tensorboard", save_strategy="no", use_cpu=True,
+        seed=0, data_seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    # the user's callback comes after the Trainer's reporters: Egeria moves itself ahead of them
+    trainer = transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(32), callbacks=[callback])
+    trainer.train()
+    front = callback.egeria.modules[0]
+    logged = [(h["step"], h["egeria/frozen_modules"]) for h in trainer.state.log_history if "loss" in h]
+    assert logged == [(2, 0.0), (4, 1.0), (6, 1.0), (8, 1.0)]
+    assert all("egeria/frozen_params_share" in h for h in trainer.state.log_history if "loss" in h)
+    scalars, texts = _tensorboard_events(tmp_path)
+    assert scalars["train/egeria/frozen_modules"] == [(2, 0.0), (4, 1.0), (6, 1.0), (8, 1.0)]
+    assert [s for s, _ in scalars["train/egeria/frozen_backward_flops_share"]] == [2, 4, 6, 8]
+    reason = callback.egeria.events[0].reason
+    assert texts["egeria/decisions/text_summary"] == [(3, f"step 3: freeze {front} ({reason})")]
+
+
+def test_log_signals_false_leaves_the_trainers_logs_alone(tmp_path):
+    callback = EgeriaCallback(static(3), log_signals=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2,
+        logging_strategy="steps", logging_steps=2, report_to="none", save_strategy="no", use_cpu=True,
+        seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(32), callbacks=[callback])
+    trainer.train()
+    assert not [k for h in trainer.state.log_history for k in h if k.startswith("egeria/")]
+    assert [(d.step, d.action) for d in callback.egeria.events] == [(3, "freeze")]

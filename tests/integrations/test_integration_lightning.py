@@ -143,7 +143,8 @@ def test_the_network_must_be_named_when_it_is_not_the_only_child_with_parameters
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"module": ""}, "module=''"), ({"total_steps": 0}, "total_steps=0"), ({"config": {"window": 3}}, "EgeriaConfig")],
+    [({"module": ""}, "module=''"), ({"total_steps": 0}, "total_steps=0"), ({"config": {"window": 3}}, "EgeriaConfig"),
+     ({"log_signals": 1}, "log_signals=1 must be True or False")],
 )
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -158,3 +159,37 @@ def test_the_integrations_package_imports_without_lightning_and_the_adapter_says
     importlib.import_module("egeria.integrations")
     with pytest.raises(ImportError, match=r"pip install egeria\[lightning\]"):
         importlib.import_module("egeria.integrations.lightning")
+
+
+def test_egerias_scalars_and_decisions_reach_lightnings_tensorboard_logger(tmp_path):
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 3})
+    callback = EgeriaCallback(config)
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="run", version=0)
+    # 8 batches, one optimizer step each; Lightning writes step metrics every 2 batches
+    _fit(callback, data_repeats=4, accumulate=1, max_epochs=1, logger=logger, log_every_n_steps=2)
+    logger.experiment.flush()
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    frozen = [(e.step, e.value) for e in events.Scalars("egeria/frozen_modules")]
+    # Lightning numbers a logged step from 0 (the batch after 1 optimizer step is step 1)
+    assert frozen == [(1, 0.0), (3, 1.0), (5, 1.0), (7, 1.0)]
+    assert [e.step for e in events.Scalars("egeria/frozen_params_share")] == [1, 3, 5, 7]
+    texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors("egeria/decisions/text_summary")]
+    assert texts == [(3, f"step 3: freeze stem.0 ({callback.egeria.events[0].reason})")]
+
+
+@pytest.mark.parametrize("log_signals", [True, False])
+def test_log_signals_false_logs_nothing_of_egerias(tmp_path, log_signals):
+    from lightning.pytorch.loggers import CSVLogger
+
+    config = egeria.EgeriaConfig(policy="static", policy_options={"count": 1, "at_step": 3})
+    callback = EgeriaCallback(config, log_signals=log_signals)
+    logger = CSVLogger(save_dir=str(tmp_path), name="run", version=0)
+    _fit(callback, data_repeats=4, accumulate=1, max_epochs=1, logger=logger, log_every_n_steps=2)
+    logged = tmp_path / "run" / "version_0" / "metrics.csv"
+    assert (logged.exists() and "egeria/frozen_modules" in logged.read_text()) is log_signals
+    assert [(d.step, d.action) for d in callback.egeria.events] == [(3, "freeze")]

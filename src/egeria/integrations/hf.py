@@ -22,7 +22,18 @@ Where the Trainer's events fire and what the callback does there::
             optimizer.step(); lr_scheduler.step()
             on_step_end    -> eg.step(): modules freeze or unfreeze here
             checkpoint-N/ saved; on_save -> checkpoint-N/egeria.json + egeria-<id>.pt written
+        on_log         -> eg.metrics() added to the logs the Trainer's reporters write
         on_train_end   -> eg.close(): hooks removed, frozen modules trainable again
+
+Signals: at each of the Trainer's logging steps the callback adds Egeria's scalars
+(:meth:`egeria.Egeria.metrics`: frozen modules, their share of parameters and backward FLOPs,
+each module's latest plasticity, readings sent/answered/dropped/late, Egeria's share of the
+step time; names under ``egeria/``) to the training logs, so every reporter of
+``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` get them;
+each decision goes to TensorBoard as a text event when it reports there. The reporters
+run in the order of the Trainer's callbacks, before a user's, so the callback moves itself
+ahead of them when training begins. ``EgeriaCallback(log_signals=False)`` leaves the logs
+alone.
 
 Steps are counted from the optimizer, so they match ``state.global_step`` (less the steps
 a ``GradScaler`` skipped under fp16). The loss Egeria reads is the mean ``loss`` of the
@@ -48,6 +59,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import warnings
 from typing import Any
 
 from torch import nn
@@ -58,6 +70,7 @@ from ..checkpoint.serialization import STATE_FILE as _EGERIA_FILE
 from ..checkpoint.serialization import saved_steps
 from ..config import EgeriaConfig
 from ..engine import Egeria
+from ..signals import PREFIX, decision_text
 
 try:
     from transformers import TrainerCallback
@@ -83,6 +96,8 @@ class EgeriaCallback(TrainerCallback):
         config: Egeria's hyperparameters (:class:`~egeria.EgeriaConfig` defaults when None).
         resume_from: the checkpoint folder a resumed ``train()`` restores from, when it is
             neither ``args.resume_from_checkpoint`` nor under ``args.output_dir``.
+        log_signals: add Egeria's scalars to the Trainer's training logs (and its decisions
+            to TensorBoard as text) at the Trainer's logging steps.
         **egeria_kwargs: further :class:`~egeria.Egeria` arguments: ``unfreeze_rule``,
             ``policy`` or ``on_change``. The model, optimizer, scheduler and the number of
             steps come from the Trainer.
@@ -97,7 +112,7 @@ class EgeriaCallback(TrainerCallback):
     """
 
     def __init__(self, config: EgeriaConfig | None = None, *, resume_from: str | os.PathLike[str] | None = None,
-                 **egeria_kwargs: Any) -> None:
+                 log_signals: bool = True, **egeria_kwargs: Any) -> None:
         if config is not None and not isinstance(config, EgeriaConfig):
             raise ValueError(f"EgeriaCallback(config=...) must be an EgeriaConfig, got {type(config).__name__}")
         supplied = sorted(k for k in egeria_kwargs if k in _FROM_TRAINER)
@@ -106,8 +121,12 @@ class EgeriaCallback(TrainerCallback):
         unknown = sorted(k for k in egeria_kwargs if k not in _ALLOWED)
         if unknown:
             raise ValueError(f"EgeriaCallback got unknown arguments {unknown}; it accepts config and {list(_ALLOWED)}")
+        if not isinstance(log_signals, bool):
+            raise ValueError(f"EgeriaCallback(log_signals=...) must be True or False, got {log_signals!r}")
         self.config = config
         self.resume_from = resume_from
+        self.log_signals = log_signals
+        self._reporters: list[Any] = []
         self.egeria_kwargs = egeria_kwargs
         self.egeria: Egeria | None = None
 
@@ -130,11 +149,29 @@ class EgeriaCallback(TrainerCallback):
         )
         if state.global_step > 0:
             self._resume(args, state)
+        if self.log_signals:
+            self._reporters = _go_before_reporters(self)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """After each optimizer step (and the scheduler's): Egeria's step boundary."""
         if self.egeria is not None:
-            self.egeria.step()
+            decisions = self.egeria.step()
+            if self.log_signals and decisions and state.is_world_process_zero:
+                for writer in (getattr(r, "tb_writer", None) for r in self._reporters):
+                    for decision in decisions if writer is not None else ():
+                        writer.add_text(PREFIX + "decisions", decision_text(decision), global_step=decision.step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        """Adds Egeria's scalars to a training log (not an evaluation's, not the summary) before the
+        reporters write it, and to the entry the Trainer keeps in ``state.log_history``."""
+        if not self.log_signals or self.egeria is None or logs is None:
+            return
+        if "loss" not in logs:  # an evaluation's logs, or the run's summary
+            return
+        signals = self.egeria.metrics()
+        logs.update(signals)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(signals)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Writes Egeria's state into the checkpoint folder the Trainer just saved."""
@@ -198,6 +235,30 @@ def _check_parallelism(args: Any) -> None:
             f"EgeriaCallback does not support {sharded[0]} (TrainingArguments.{sharded[0]}={getattr(args, sharded[0])!r}): "
             "it shards or replaces the parameters Egeria freezes; use DDP (torchrun without FSDP/DeepSpeed)"
         )
+
+
+def _go_before_reporters(callback: EgeriaCallback) -> list[Any]:
+    """Moves ``callback`` ahead of the Trainer's reporting callbacks (TensorBoard, W&B,
+    ...) in the Trainer's callback list, so that the scalars it adds in ``on_log`` reach
+    them; returns the reporters. A callback is not handed the Trainer, so its callback
+    handler is found among live objects, once per ``train()``."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    from transformers.trainer_callback import CallbackHandler
+
+    kinds = tuple(INTEGRATION_TO_CALLBACK.values())
+    with warnings.catch_warnings():  # isinstance on some live objects (torch's deprecated aliases) warns
+        warnings.simplefilter("ignore")
+        handlers = [o for o in gc.get_objects() if isinstance(o, CallbackHandler) and callback in o.callbacks]
+    if len(handlers) != 1:
+        logger.warning("Egeria's scalars are not logged: found %d Trainers holding its callback, not one", len(handlers))
+        return []
+    callbacks = handlers[0].callbacks
+    reporters = [c for c in callbacks if isinstance(c, kinds)]
+    first = next((i for i, c in enumerate(callbacks) if isinstance(c, kinds)), None)
+    mine = next(i for i, c in enumerate(callbacks) if c is callback)
+    if first is not None and mine > first:
+        callbacks.insert(first, callbacks.pop(mine))
+    return reporters
 
 
 def _trainer_ddp(model: nn.Module) -> nn.Module:

@@ -26,7 +26,9 @@ Where each piece runs, in Lightning's hooks::
                            a checkpoint's Egeria state is applied here, after Lightning
                            restored the model, the optimizer and the loops
     on_train_batch_end     eg.step(outputs["loss"]): every batch; only batches that end in an
-                           optimizer step count (accumulate_grad_batches, skipped AMP steps)
+                           optimizer step count (accumulate_grad_batches, skipped AMP steps);
+                           at Lightning's logging steps, eg.metrics() through pl_module.log_dict,
+                           and each decision as text to a logger that takes text
     state_dict             Egeria's state, saved in the checkpoint under "EgeriaCallback"
     on_train_end           eg.close(): hooks removed, frozen modules trainable again
     on_exception           eg.close(unfreeze=False)
@@ -38,6 +40,12 @@ bug of Lightning's ``BackboneFinetuning`` under DDP, Lightning issue 20340, does
 arise). Under DDP rank 0 decides and every rank applies its moves at the same step; the
 checkpoint holds rank 0's state; on resume rank 0 decides whether to load it and sends
 what it loaded to every rank, so the ranks never resume different frozen sets.
+
+Signals: Egeria's scalars (:meth:`egeria.Egeria.metrics`, names under ``egeria/``) go to
+every logger of the Trainer through ``pl_module.log_dict`` at the steps Lightning logs
+(``log_every_n_steps``), and each freeze or unfreeze as a text event to the loggers whose
+``experiment`` has ``add_text`` (TensorBoard's); ``EgeriaCallback(log_signals=False)``
+logs nothing.
 
 ``module`` names the network inside the LightningModule (``get_submodule`` path): Lightning
 calls the LightningModule with ``(batch, batch_idx)``, while Egeria's controller must run
@@ -60,6 +68,7 @@ from ..decision import Decision
 from ..engine import Egeria
 from ..knowledge.unfreezing import UnfreezeRule
 from ..policies import FreezePolicy
+from ..signals import PREFIX, decision_text
 
 try:
     import lightning.pytorch as pl
@@ -88,6 +97,7 @@ class EgeriaCallback(pl.Callback):
         policy: a freezing policy object (see :mod:`egeria.policies`), as for ``Egeria``.
         unfreeze_rule: replaces the default learning-rate-drop unfreeze rule.
         on_change: called with every :class:`~egeria.Decision` as it is applied.
+        log_signals: log Egeria's scalars and decisions to the Trainer's loggers.
 
     Attributes:
         egeria: the running :class:`~egeria.Egeria` (from ``on_train_start``; after
@@ -106,7 +116,10 @@ class EgeriaCallback(pl.Callback):
         policy: FreezePolicy | None = None,
         unfreeze_rule: UnfreezeRule | None = None,
         on_change: Callable[[Decision], Any] | None = None,
+        log_signals: bool = True,
     ) -> None:
+        if not isinstance(log_signals, bool):
+            raise ValueError(f"log_signals={log_signals!r} must be True or False")
         if config is not None and not isinstance(config, EgeriaConfig):
             raise ValueError(f"config must be an EgeriaConfig, got {type(config).__name__}")
         if module is not None and (not isinstance(module, str) or not module):
@@ -116,6 +129,7 @@ class EgeriaCallback(pl.Callback):
         self.config = config
         self.module = module
         self.total_steps = total_steps
+        self.log_signals = log_signals
         self._options = dict(policy=policy, unfreeze_rule=unfreeze_rule, on_change=on_change)
         self.egeria: Egeria | None = None
         self._live = False  # self.egeria is open
@@ -173,7 +187,22 @@ class EgeriaCallback(pl.Callback):
             return
         assert self.egeria is not None
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        self.egeria.step(loss if isinstance(loss, torch.Tensor) else None)
+        decisions = self.egeria.step(loss if isinstance(loss, torch.Tensor) else None)
+        if self.log_signals and trainer.loggers:
+            self._log_signals(trainer, pl_module, decisions)
+
+    def _log_signals(self, trainer: pl.Trainer, pl_module: pl.LightningModule, decisions: list[Decision]) -> None:
+        """Egeria's scalars at Lightning's logging steps, the decisions as text at once."""
+        assert self.egeria is not None
+        if trainer.is_global_zero:
+            for logger_ in trainer.loggers:
+                add_text = getattr(getattr(logger_, "experiment", None), "add_text", None)
+                for decision in decisions if callable(add_text) else ():
+                    add_text(PREFIX + "decisions", decision_text(decision), global_step=trainer.global_step)
+        # The logger connector's own test of whether this batch's step metrics are written
+        # (every log_every_n_steps); without it, every batch (Lightning keeps the last).
+        if getattr(getattr(trainer, "_logger_connector", None), "should_update_logs", True):
+            pl_module.log_dict(self.egeria.metrics(), on_step=True, on_epoch=False, logger=True, prog_bar=False)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Keeps Egeria's last state (for a checkpoint saved after training) and closes it."""
