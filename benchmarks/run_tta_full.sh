@@ -15,7 +15,8 @@
 #     PRETRAINED=/tmp/tta-smoke/bert PRETRAIN_ARGS="--epochs 1 --limit 500" bash benchmarks/run_tta_full.sh
 # TASKS narrows the grid (default: every task) and SEEDS the plain seeds (default 0 1 2); PLAIN_ONLY=1 runs the
 # plain seeds alone and writes no report (scripts/suite_baselines.sh runs the suite's plain
-# baselines that way, one run at a time).
+# baselines that way, one run at a time); POLICY=<name> runs that policy alone at SEEDS (its
+# Egeria runs with the cache as below), no report.
 # EGERIA names the command to run (default .venv/bin/egeria). Egeria's runs train through
 # the activation cache (--cache, as the paper's figures); EGERIA_SET adds config fields to
 # them, e.g. EGERIA_SET="--set rule=egeria --set max_frozen_flops=0.9". Seed 0 also runs without
@@ -111,6 +112,12 @@ run() {  # task policy seed [nocache]
     ${size[$1]} "${init[@]}" "${variant[@]}" "${extra[@]}"
 }
 
+if [ -n "${POLICY:-}" ]; then  # one policy's runs alone, at SEEDS (scripts/suite_baselines.sh interleaves arms so)
+  for task in $tasks; do
+    for seed in "${seeds[@]}"; do run "$task" "$POLICY" "$seed"; done
+  done
+  exit 0
+fi
 for task in $tasks; do
   for seed in "${seeds[@]}"; do run "$task" none "$seed"; done
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 28's suite: the plain (policy none) baseline seeds of its new tasks, one run at a
-# time, each committed as it lands.
+# Issue 28's suite: its runs one at a time, each committed as it lands: the plain (policy
+# none) baseline seeds of its new tasks by default, or any policy's runs interleaved with them.
 #
 #   nohup bash scripts/suite_baselines.sh >> /tmp/suite-baselines.log 2>&1 &
 #
@@ -15,7 +15,10 @@
 # final metric, training time, CPU model and the load average at its end in the message
 # (the runs' times are only as good as the machine was idle).
 #
-# QUEUE overrides the order, as "task:seed" words. A smoke test of the machinery:
+# QUEUE overrides the order, as "task:seed" words (plain runs) or "task:seed:policy" (that
+# policy; egeria trains through the cache as in run_tta_full.sh), e.g. arms taking turns on
+# one machine: QUEUE="vgg-fmnist:1 vgg-fmnist:0:egeria vgg-fmnist:2 vgg-fmnist:1:egeria".
+# A smoke test of the machinery:
 #   CODE=/tmp/smoke-code OUT_ROOT=/tmp/smoke-out NO_COMMIT=1 QUEUE=vgg-fmnist:0 \
 #     EXTRA="--epochs 1 --limit 256 --eval-limit 100" bash scripts/suite_baselines.sh
 set -uo pipefail
@@ -34,7 +37,7 @@ sync_code() {
   git -C "$code" pull -q --ff-only || return 1
 }
 
-commit_run() {  # json task seed
+commit_run() {  # json task seed name
   local summary msg try
   summary=$("$repo/.venv/bin/python" - "$1" <<'PY'
 import json, sys
@@ -43,7 +46,9 @@ final = run["final"]
 print(f"{run['metric']['name']} {final['metric']:.5g}, {final['wall_time_s']:.1f} s of training, code {str(run.get('code'))[:7]}")
 PY
   ) || summary="(summary unreadable)"
-  msg="Results: suite plain baseline $2 seed $3, cpu layout: $summary; $cpu, 2 cores; load average at its end $(cut -d' ' -f1-3 /proc/loadavg) (scripts/suite_baselines.sh)"
+  local what="plain baseline"
+  [ "$4" = none ] || what="$4 run"
+  msg="Results: suite $what $2 seed $3, cpu layout: $summary; $cpu, 2 cores; load average at its end $(cut -d' ' -f1-3 /proc/loadavg) (scripts/suite_baselines.sh)"
   for try in 1 2 3 4 5 6 7 8 9 10; do
     if git -C "$repo" add -- "$1" && git -C "$repo" commit -q -m "$msg" -- "$1"; then
       say "committed $1: $msg"; return 0
@@ -70,24 +75,26 @@ PY
 }
 
 for item in $queue; do
-  task=${item%%:*} seed=${item##*:}
-  json=$out/cpu/$task/none-seed$seed.json
+  IFS=: read -r task seed policy <<< "$item"
+  policy=${policy:-none} name=$policy
+  if [ "$policy" = egeria ] && [ "$task" != bert-ptb-bshift ]; then name=egeria-cache; fi
+  json=$out/cpu/$task/$name-seed$seed.json
   if [ -f "$json" ]; then say "skip $task seed $seed: $json exists"; continue; fi
   # A run of this item already under way (started by an earlier runner): wait for it.
-  while pgrep -f -- "$task --policy none --seed $seed --layout cpu --out $out" >/dev/null; do
+  while pgrep -f -- "$task --policy $policy --seed $seed --layout cpu --out $out" >/dev/null; do
     say "a run of $task seed $seed is under way: waiting for it"; sleep 120
   done
-  if [ -f "$json" ]; then commit_run "$json" "$task" "$seed"; continue; fi
+  if [ -f "$json" ]; then commit_run "$json" "$task" "$seed" "$name"; continue; fi
   until sync_code && grep -q "^\s*\[$task\]=" "$code/benchmarks/run_tta_full.sh"; do
     say "waiting for $task in the committed benchmarks/run_tta_full.sh"; sleep 60
   done
-  say "start $task seed $seed at code $(git -C "$code" rev-parse --short HEAD)"
-  LAYOUT=cpu OUT=$out TASKS=$task SEEDS=$seed PLAIN_ONLY=1 \
+  say "start $task seed $seed ($policy) at code $(git -C "$code" rev-parse --short HEAD)"
+  LAYOUT=cpu OUT=$out TASKS=$task SEEDS=$seed POLICY=$policy \
     EGERIA="env PYTHONPATH=$code/src $repo/.venv/bin/egeria" PYTHON="env PYTHONPATH=$code/src $repo/.venv/bin/python" \
     bash "$code/benchmarks/run_tta_full.sh"
   status=$?
   if [ -f "$json" ] && [ "${NO_COMMIT:-0}" = 1 ]; then say "wrote $json (not committed: NO_COMMIT=1)"
-  elif [ -f "$json" ]; then commit_run "$json" "$task" "$seed"; else say "$task seed $seed failed (exit $status), no $json"; fi
+  elif [ -f "$json" ]; then commit_run "$json" "$task" "$seed" "$name"; else say "$task seed $seed failed (exit $status), no $json"; fi
   commit_pretraining
 done
 say "queue done"
