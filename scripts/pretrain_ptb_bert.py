@@ -88,6 +88,28 @@ def mask_words(ids: torch.Tensor, vocab: int, generator: torch.Generator) -> tup
     return inputs, labels
 
 
+def gpt_config(vocab: int, max_len: int):
+    """The causal (GPT-style) model of ``--arch gpt``: the encoder's sizes (6 layers, width
+    128, 4 heads, feed-forward 512), PTB's ids and specials, the output layer tied."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=vocab, n_embd=128, n_layer=6, n_head=4, n_inner=512, n_positions=max_len,
+        pad_token_id=ps.PAD, bos_token_id=ps.CLS, eos_token_id=ps.SEP,
+        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
+    )
+
+
+def causal_loss(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-word cross-entropy and argmax hits over every position whose next id is a word
+    or ``[SEP]`` (padding is never a target)."""
+    hidden = model.transformer(input_ids=ids, attention_mask=(ids != ps.PAD).long()).last_hidden_state
+    targets = ids[:, 1:]
+    where = targets != ps.PAD
+    logits = model.lm_head(hidden[:, :-1][where])
+    return F.cross_entropy(logits, targets[where]), (logits.argmax(-1) == targets[where]).sum()
+
+
 def masked_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy and argmax hits over the masked positions only."""
     hidden = model.bert(input_ids=inputs, attention_mask=(inputs != ps.PAD).long()).last_hidden_state
@@ -98,6 +120,8 @@ def masked_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torc
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=("bert", "gpt"), default="bert",
+                        help="bert: masked-language modelling (BertForMaskedLM); gpt: next-word prediction (GPT2LMHeadModel)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--record", type=Path, default=None, help="also copy pretraining.json here")
     parser.add_argument("--seed", type=int, default=0)
@@ -107,16 +131,17 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--limit", type=int, default=None, help="first LIMIT training sentences only (smoke runs)")
     args = parser.parse_args()
-    from transformers import BertForMaskedLM, get_linear_schedule_with_warmup
+    from transformers import BertForMaskedLM, GPT2LMHeadModel, get_linear_schedule_with_warmup
 
     corpus = load_ptb()
     vocab = ps.vocab_size(corpus)
     train = pack(ps.sentences(corpus, "train")[: args.limit], args.length)
     valid = pack(ps.sentences(corpus, "valid"), args.length)
     valid_inputs, valid_labels = mask_words(valid, vocab, torch.Generator().manual_seed(1234))
+    causal = args.arch == "gpt"
 
     torch.manual_seed(args.seed)
-    model = BertForMaskedLM(bert_config(vocab, args.length))
+    model = GPT2LMHeadModel(gpt_config(vocab, args.length)) if causal else BertForMaskedLM(bert_config(vocab, args.length))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     steps_per_epoch = math.ceil(len(train) / args.batch)
     total = steps_per_epoch * args.epochs
@@ -133,7 +158,7 @@ def main() -> None:
         started, losses = time.perf_counter(), []
         for i in range(steps_per_epoch):
             idx = perm[i * args.batch : (i + 1) * args.batch]
-            loss, _ = masked_loss(model, inputs_all[idx], labels_all[idx])
+            loss, _ = causal_loss(model, train[idx]) if causal else masked_loss(model, inputs_all[idx], labels_all[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -143,12 +168,22 @@ def main() -> None:
         train_s += time.perf_counter() - started
         model.eval()
         with torch.no_grad():
-            hits = sum(int(masked_loss(model, x, y)[1]) for x, y in zip(valid_inputs.split(256), valid_labels.split(256)))
-        accuracy = hits / int((valid_labels != -100).sum())
-        epochs.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "valid_masked_accuracy": accuracy,
-                       "train_s": train_s})
-        print(f"epoch {epoch + 1}: loss {epochs[-1]['train_loss']:.3f}, valid masked-word accuracy {accuracy:.4f}, "
-              f"{train_s:.0f} s", flush=True)
+            if causal:
+                parts = [causal_loss(model, x) for x in valid.split(256)]
+                counts = [int((x[:, 1:] != ps.PAD).sum()) for x in valid.split(256)]
+                hits, asked = sum(int(h) for _, h in parts), sum(counts)
+                nats = sum(float(loss) * n for (loss, _), n in zip(parts, counts)) / asked
+            else:
+                hits = sum(int(masked_loss(model, x, y)[1]) for x, y in zip(valid_inputs.split(256), valid_labels.split(256)))
+                asked = int((valid_labels != -100).sum())
+        accuracy = hits / asked
+        kind = "next-word" if causal else "masked-word"
+        epochs.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses),
+                       "valid_next_word_accuracy" if causal else "valid_masked_accuracy": accuracy, "train_s": train_s})
+        if causal:
+            epochs[-1]["valid_perplexity"] = math.exp(nats)
+        print(f"epoch {epoch + 1}: loss {epochs[-1]['train_loss']:.3f}, valid {kind} accuracy {accuracy:.4f}"
+              + (f", perplexity {math.exp(nats):.1f}" if causal else "") + f", {train_s:.0f} s", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)

@@ -66,7 +66,8 @@ commit_pretraining() {  # the encoder's pretraining record, once, when it appear
 import json, sys
 r = json.load(open(sys.argv[1]))
 last = r["epochs"][-1]
-print(f"{r['steps']} steps, masked-word accuracy {last['valid_masked_accuracy']:.4f} on the validation text, "
+kind, key = ("next-word", "valid_next_word_accuracy") if "valid_next_word_accuracy" in last else ("masked-word", "valid_masked_accuracy")
+print(f"{r['steps']} steps, {kind} accuracy {last[key]:.4f} on the validation text, "
       f"{r['train_s']:.0f} s of training, code {str(r.get('code'))[:7]}")
 PY
   ) || summary="(summary unreadable)"
