@@ -92,7 +92,7 @@ class TrainerTask:
 
 def _bert_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
                      init: str | Path | None) -> TrainerTask:
-    from transformers import BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     from ..data import load_ptb
@@ -114,7 +114,8 @@ def _bert_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_l
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the new pooler and classifier
     try:
-        model = BertForSequenceClassification.from_pretrained(folder, num_labels=2)
+        # the folder's own architecture: BERT (pooled [CLS]) or GPT-style (the last word, [SEP])
+        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
     finally:
         hf_logging.set_verbosity(verbosity)
 
