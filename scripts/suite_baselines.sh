@@ -75,6 +75,15 @@ PY
   git -C "$repo" add -- "$record" && git -C "$repo" commit -q -m "$msg" -- "$record" && say "committed $record"
 }
 
+# Other work beside the timed runs must be niced, and nice orders processes only within one
+# scheduling group: with the kernel's autogroups on (each terminal session its own group), a
+# niced test run in another session takes half the cores from a run here (seen: a plain
+# vgg-fmnist run at 0.9 cores for 30 minutes beside niced helpers). Turn them off (as root:
+# echo 0 > /proc/sys/kernel/sched_autogroup_enabled) before starting anything else.
+if [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" = 1 ]; then
+  say "WARNING: sched autogroups are on: niced work in other sessions competes with these runs as equals"
+fi
+
 for item in $queue; do
   IFS=: read -r task seed policy <<< "$item"
   policy=${policy:-none} name=$policy
