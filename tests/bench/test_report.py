@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from egeria.bench.report import NOT_REACHED, build_report, load_runs
+from egeria.bench.report import NOT_REACHED, UNTIMED, build_report, load_runs
 
 MACHINE = {"platform": "Linux-x86_64", "cpu": "test cpu", "cores": 2, "torch": "2.13.0+cpu"}
 OTHER_MACHINE = {**MACHINE, "cpu": "another cpu"}
@@ -186,6 +186,23 @@ def test_not_reached_has_no_invented_numbers(report: tuple[dict, Path]) -> None:
     assert len(freezeout_lines) == 2 and all(NOT_REACHED in line for line in freezeout_lines)  # both tables
     egeria_line = next(line for line in md.splitlines() if line.startswith("| egeria | 0 | 0.905 |"))
     assert NOT_REACHED not in egeria_line and "24.0" in egeria_line and "1.75x" in egeria_line
+
+
+def test_a_run_whose_times_are_unreliable_counts_for_the_target_but_not_for_times(tmp_path: Path) -> None:
+    runs = _suite()
+    runs[1]["timing_unreliable"] = "other work took the cores during it"  # plain seed 1 (final 0.88, 44 s)
+    rep = build_report(load_runs([_write(runs, tmp_path / "runs")]), tmp_path / "report")
+    task = rep["tasks"]["resnet-fmnist"]["layouts"]["accel"]
+    assert task["target"] == 0.88  # its metric still sets the strict target
+    plain1 = _row(rep, "resnet-fmnist", "none", 1)
+    assert plain1["reached"] and plain1["tta_s"] is None and plain1["tta_speedup"] is None
+    egeria = _row(rep, "resnet-fmnist", "egeria", 0)
+    assert egeria["tta_speedup"] == pytest.approx(40 / 24)  # against plain seed 0's time alone, not (40 + 44) / 2
+    line = next(row for row in (tmp_path / "report" / "report.md").read_text().splitlines() if row.startswith("| none | 1 |"))
+    assert UNTIMED in line
+    runs[1]["timing_unreliable"] = ""
+    with pytest.raises(ValueError, match="timing_unreliable"):
+        load_runs([_write(runs, tmp_path / "bad")])
 
 
 def test_ideal_speedup_and_efficiency(report: tuple[dict, Path]) -> None:

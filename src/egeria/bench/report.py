@@ -43,6 +43,12 @@ run moves it), by one rule for every task (:func:`egeria.bench.targets.mlperf_ta
    reaches.) The report shows the target, the step at which the worst-case curve reaches
    it, and each run's TTA and speedup against it, computed as for the strict target.
 
+A run file may carry ``timing_unreliable``: why its times do not measure the code (other work
+took the machine's cores during it; the field is added by hand, with the reason, and the
+measured values are left as they are). Such a run's metric still counts, for the targets
+and the seed spread; its times are left out of the plain TTA a speedup divides, and its
+own speedups are not stated.
+
 Output: ``report.md``, ``report.json`` and ``<task>-*.png`` in the output directory.
 """
 
@@ -69,6 +75,7 @@ REPORT_FORMAT = 2
 task's numbers are per layout, under ``layouts``."""
 
 NOT_REACHED = "not reached"
+UNTIMED = "reached (time unreliable)"
 
 # Fields of a run's ``machine`` that describe the process (its pinning), not the machine:
 # the layout records them, so runs of two layouts on one machine count as one machine.
@@ -181,21 +188,23 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
     finals = [float(r["final"]["metric"]) for r in plain]
     target = (min(finals) if higher else max(finals)) if plain else None
     target_seed = plain[finals.index(target)]["seed"] if plain else None
-    plain_ttas = [t[0] for t in (_time_to_target(r, target, higher) for r in plain) if t is not None]
-    ref_tta = _mean(plain_ttas) if plain_ttas and len(plain_ttas) == len(plain) else None
+    timed = [r for r in plain if not r.get("timing_unreliable")]  # whose times measure the code
+    plain_ttas = [t[0] for t in (_time_to_target(r, target, higher) for r in timed) if t is not None]
+    ref_tta = _mean(plain_ttas) if plain_ttas and len(plain_ttas) == len(timed) else None
     ref_flops = _mean([float(r["final"]["total_flops"]) for r in plain])
     ref_backward = _mean([float(b) for r in plain if (b := r["final"].get("total_backward_flops")) is not None])
     plain_mean = _mean(finals)
     mlperf = mlperf_target(plain, higher)
     mlperf_value = mlperf["target"] if mlperf else None
-    mlperf_ttas = [t[0] for t in (_time_to_target(r, mlperf_value, higher) for r in plain) if t is not None] if mlperf else []
-    mlperf_ref = _mean(mlperf_ttas) if mlperf and len(mlperf_ttas) == len(plain) else None
+    mlperf_ttas = [t[0] for t in (_time_to_target(r, mlperf_value, higher) for r in timed) if t is not None] if mlperf else []
+    mlperf_ref = _mean(mlperf_ttas) if mlperf and mlperf_ttas and len(mlperf_ttas) == len(timed) else None
 
     rows = []
     for r in _ordered(runs):
         tta = _time_to_target(r, target, higher) if target is not None else None
-        speedup = _ratio(ref_tta, tta[0]) if (ref_tta is not None and tta) else None
         fair = _time_to_target(r, mlperf_value, higher) if mlperf else None
+        untimed = bool(r.get("timing_unreliable"))  # its times measure the machine, not the code
+        speedup = _ratio(ref_tta, tta[0]) if (ref_tta is not None and tta and not untimed) else None
         ideal = _ratio(ref_flops, float(r["final"]["total_flops"]))
         rows.append({
             "policy": policy_label(r),
@@ -205,13 +214,14 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
             "wall_time_s": r["final"]["wall_time_s"],
             "total_flops": r["final"]["total_flops"],
             "reached": tta is not None,
-            "tta_s": tta[0] if tta else None,
+            "timing_unreliable": r.get("timing_unreliable"),
+            "tta_s": tta[0] if tta and not untimed else None,
             "tta_step": tta[1] if tta else None,
             "tta_speedup": speedup,
             "mlperf_reached": fair is not None,
-            "mlperf_tta_s": fair[0] if fair else None,
+            "mlperf_tta_s": fair[0] if fair and not untimed else None,
             "mlperf_tta_step": fair[1] if fair else None,
-            "mlperf_tta_speedup": _ratio(mlperf_ref, fair[0]) if (mlperf_ref is not None and fair) else None,
+            "mlperf_tta_speedup": _ratio(mlperf_ref, fair[0]) if (mlperf_ref is not None and fair and not untimed) else None,
             "ideal_speedup": ideal,
             "efficiency": _ratio(speedup, ideal),
             "backward_flops_vs_plain": _ratio(r["final"].get("total_backward_flops"), ref_backward),
@@ -291,6 +301,8 @@ def _fmt_tta(data: dict, row: dict | None) -> str:
         return ""
     if data["target"] is None:
         return "no target"
+    if row.get("timing_unreliable"):
+        return UNTIMED if row["reached"] else NOT_REACHED
     return f"{row['tta_s']:.1f}" if row["reached"] else NOT_REACHED
 
 
@@ -299,6 +311,8 @@ def _fmt_mlperf_tta(data: dict, row: dict | None) -> str:
         return ""
     if data.get("mlperf_target") is None:
         return "no target"
+    if row.get("timing_unreliable"):
+        return UNTIMED if row["mlperf_reached"] else NOT_REACHED
     return f"{row['mlperf_tta_s']:.1f}" if row["mlperf_reached"] else NOT_REACHED
 
 

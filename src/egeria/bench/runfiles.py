@@ -209,6 +209,9 @@ def check_run(run: Any, where: str) -> None:
         raise ValueError(f"{where}: 'records' must be a list")
     if run.get("heap", "default") not in HEAPS:
         raise ValueError(f"{where}: 'heap' must be {' or '.join(map(repr, HEAPS))}, got {run['heap']!r}")
+    note = run.get("timing_unreliable")
+    if note is not None and (not isinstance(note, str) or not note.strip()):
+        raise ValueError(f"{where}: 'timing_unreliable' must say why in words, got {note!r}")
     layout = run.get("layout")
     if run["format"] >= 2 and "layout" not in run:
         raise ValueError(f"{where}: a format-{run['format']} run must record its layout")
