@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .cache.attach import attach_loader
+from .cache.attach import CacheLoading
 from .checkpoint.engine_state import Checkpointing
 from .checks import check_int, check_lr_schedule, check_optimizer, check_run_length, checked_loss, submodule_of
 from .config import EgeriaConfig
@@ -53,7 +53,7 @@ __all__ = ["Egeria"]
 logger = logging.getLogger(__name__)
 
 
-class Egeria(Checkpointing):
+class Egeria(Checkpointing, CacheLoading):
     """Freezes converged front layer modules of ``model`` while it trains.
 
     Args:
@@ -236,69 +236,6 @@ class Egeria(Checkpointing):
             self.history,
             self.controller_stats,
         )
-
-    @property
-    def cache_stats(self) -> dict:
-        """The activation cache's counts (batches served, computed, prefetch hit rate) and
-        each cache level's tier, size and choice; empty without :meth:`cache_loader`."""
-        return {} if self._cache is None else self._cache.summary()
-
-    def cache_loader(
-        self,
-        loader: Any,
-        *,
-        memory_limit: int = 2 * 2**30,
-        disk_limit: int = 16 * 2**30,
-        directory: str | None = None,
-        storage_dtype: torch.dtype | None = None,
-        prefetch: int = 4,
-        serve: str = "auto",
-    ) -> Any:
-        """Wraps the training ``DataLoader`` so frozen modules' outputs are cached and their
-        forward pass is skipped (see :mod:`egeria.cache`). Iterate over what it returns
-        instead of ``loader``; batches are unchanged.
-
-        Args:
-            memory_limit: bytes of cached activations kept in memory.
-            disk_limit: bytes of cached activations kept on disk when memory is too small.
-            directory: the folder disk caches go in (the system's temporary folder by
-                default: ``$TMPDIR``, else ``/tmp`` on Linux). A disk cache is chosen only
-                where the folder has room for it, is named in ``cache_stats["directory"]``
-                and an INFO line, and its file is unlinked as soon as it is open, so none
-                outlives the process, even one that is killed.
-            storage_dtype: ``torch.bfloat16`` or ``torch.float16`` to store floating
-                activations in half the bytes; not exact (the default keeps their dtype).
-            prefetch: batches read ahead in a background thread (0: none).
-            serve: ``"auto"`` serves a frozen prefix from the cache only where a forward
-                pass is measured to be faster that way; ``"always"`` serves wherever it can.
-
-        Returns:
-            The wrapped loader, or ``loader`` itself when its data is random (a transform
-            that is not a pure function of the sample; a warning says why).
-
-        Raises:
-            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``.
-        """
-        if self._compiled:
-            raise ValueError(
-                "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
-                "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
-            )
-        wrapped, self._cache = attach_loader(
-            loader,
-            self._cache,
-            model=self.model,
-            partition=lambda: self._layers.partition,
-            own=self._own,
-            frozen=0 if self._prefix is None else self._prefix.count,
-            memory_limit=memory_limit,
-            disk_limit=disk_limit,
-            directory=directory,
-            storage_dtype=storage_dtype,
-            prefetch=prefetch,
-            serve=serve,
-        )
-        return wrapped
 
     def set_schedule(self, *, total_steps: int | None = None, lr_scheduler: Any = None) -> None:
         """Gives the run's length and its learning-rate scheduler once they are known (a

@@ -1,10 +1,10 @@
-"""Wrapping a training loader for the activation cache: the checks and the wiring behind
-``Egeria.cache_loader``."""
+"""Wrapping a training loader for the activation cache: :class:`CacheLoading`, the
+engine's ``cache_loader`` and ``cache_stats``, and the checks and wiring behind them."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -16,7 +16,11 @@ from .datasets import Keyed, random_reason
 from .loader import CachedLoader
 from .manager import ActivationCache
 
-__all__ = ["attach_loader"]
+if TYPE_CHECKING:
+    from ..freezing import FrozenPrefix
+    from ..layers import RunLayers
+
+__all__ = ["CacheLoading", "attach_loader"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +85,79 @@ def attach_loader(
         cache.set_frozen(frozen)
     wrapped.on_epoch, wrapped.on_batch = cache.on_epoch, cache.on_batch
     return wrapped, cache
+
+
+class CacheLoading:
+    """The activation cache's methods of :class:`~egeria.engine.Egeria`, which holds the
+    attributes below (the cache itself once :meth:`cache_loader` made it) and tells the
+    cache every change of the frozen count."""
+
+    model: nn.Module
+    _cache: ActivationCache | None
+    _compiled: bool
+    _layers: RunLayers
+    _own: OwnPasses
+    _prefix: FrozenPrefix | None
+
+    @property
+    def cache_stats(self) -> dict:
+        """The activation cache's counts (batches served, computed, prefetch hit rate) and
+        each cache level's tier, size and choice; empty without :meth:`cache_loader`."""
+        return {} if self._cache is None else self._cache.summary()
+
+    def cache_loader(
+        self,
+        loader: Any,
+        *,
+        memory_limit: int = 2 * 2**30,
+        disk_limit: int = 16 * 2**30,
+        directory: str | None = None,
+        storage_dtype: torch.dtype | None = None,
+        prefetch: int = 4,
+        serve: str = "auto",
+    ) -> Any:
+        """Wraps the training ``DataLoader`` so frozen modules' outputs are cached and their
+        forward pass is skipped (see :mod:`egeria.cache`). Iterate over what it returns
+        instead of ``loader``; batches are unchanged.
+
+        Args:
+            memory_limit: bytes of cached activations kept in memory.
+            disk_limit: bytes of cached activations kept on disk when memory is too small.
+            directory: the folder disk caches go in (the system's temporary folder by
+                default: ``$TMPDIR``, else ``/tmp`` on Linux). A disk cache is chosen only
+                where the folder has room for it, is named in ``cache_stats["directory"]``
+                and an INFO line, and its file is unlinked as soon as it is open, so none
+                outlives the process, even one that is killed.
+            storage_dtype: ``torch.bfloat16`` or ``torch.float16`` to store floating
+                activations in half the bytes; not exact (the default keeps their dtype).
+            prefetch: batches read ahead in a background thread (0: none).
+            serve: ``"auto"`` serves a frozen prefix from the cache only where a forward
+                pass is measured to be faster that way; ``"always"`` serves wherever it can.
+
+        Returns:
+            The wrapped loader, or ``loader`` itself when its data is random (a transform
+            that is not a pure function of the sample; a warning says why).
+
+        Raises:
+            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``.
+        """
+        if self._compiled:
+            raise ValueError(
+                "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
+                "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
+            )
+        wrapped, self._cache = attach_loader(
+            loader,
+            self._cache,
+            model=self.model,
+            partition=lambda: self._layers.partition,
+            own=self._own,
+            frozen=0 if self._prefix is None else self._prefix.count,
+            memory_limit=memory_limit,
+            disk_limit=disk_limit,
+            directory=directory,
+            storage_dtype=storage_dtype,
+            prefetch=prefetch,
+            serve=serve,
+        )
+        return wrapped
