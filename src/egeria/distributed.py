@@ -133,10 +133,10 @@ class Ranks:
         target = int(heads[0][2])
         if target < 0:
             return None
-        detail: list[Any] = [None if move is None else (move.reason, move.evaluated_at)]
+        detail: list[Any] = [None if move is None else (move.reason, move.evaluated_at, move.modules)]
         self._collective(lambda: dist.broadcast_object_list(detail, src=0, group=self.group), "eg.step()", step)
-        reason, evaluated_at = detail[0]
-        return Move(target, reason if self.leader else f"rank 0: {reason}", evaluated_at)
+        reason, evaluated_at, modules = detail[0]
+        return Move(target, reason if self.leader else f"rank 0: {reason}", evaluated_at, tuple(modules))
 
     def from_leader(self, value: Any, what: str) -> Any:
         """Rank 0's ``value`` (any picklable object) on every rank; ``what`` names the call

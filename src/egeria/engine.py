@@ -321,6 +321,13 @@ class Egeria(Checkpointing, CacheLoading):
 
     def _apply(self, move: Move) -> None:
         assert self._prefix is not None
+        adds = tuple(self._prefix.partition.names[self._prefix.count : min(move.frozen, self._prefix.partition.freezable)])
+        if move.modules and move.modules != adds:
+            logger.warning(
+                "step %d: %s named %s to freeze, but a move to %d frozen modules from %d adds %s; nothing changed",
+                self.steps, self.policy.name, list(move.modules), move.frozen, self._prefix.count, list(adds),
+            )
+            return
         for action, names in self._prefix.move_to(move.frozen):
             evaluated_at = move.evaluated_at if action == "freeze" else None
             self._record(Decision(self.steps, action, names, move.reason, evaluated_at))

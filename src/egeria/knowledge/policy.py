@@ -172,8 +172,8 @@ class KnowledgeGuided:
             assert last.decision is not None
             if info.frozen == 0:  # the unfreeze rule measures the learning-rate drop from here
                 self.lr_at_freeze, self.freeze_step = info.lr, info.step
-            count = sum(len(r.decision.modules) for r in accepted if r.decision is not None)
-            move = Move(info.frozen + count, last.decision.reason, last.step)
+            names = tuple(name for r in accepted if r.decision is not None for name in r.decision.modules)
+            move = Move(info.frozen + len(names), last.decision.reason, last.step, names)
         frozen = move.frozen if move is not None else info.frozen
         unfreeze = self._unfreeze(info, frozen)
         move = unfreeze or move

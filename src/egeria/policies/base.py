@@ -90,11 +90,16 @@ class Move:
         frozen: how many leading modules should be frozen (fewer unfreezes all first).
         reason: a short human-readable cause, kept in the event.
         evaluated_at: the step of the reading that decided it, if earlier than now.
+        modules: the modules this move freezes, named by whoever decided them (Egeria's
+            controller names them in its decision), in order; empty when the policy gives
+            a count alone. The engine freezes by the count and records these names, after
+            checking that they are the ones the count adds to the frozen prefix.
     """
 
     frozen: int
     reason: str = ""
     evaluated_at: int | None = None
+    modules: tuple[str, ...] = ()
 
 
 #: What :meth:`FreezePolicy.target` returns.
