@@ -15,8 +15,8 @@ __all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS
 #: Freezing rules of Egeria's own policy.
 RULES = ("paper", "egeria")
 #: What the rule-dependent fields left at None become under each rule: the paper's
-#: Algorithm 1 as published, and Egeria's own rule (the evidence for each value is in
-#: benchmarks/README.md, "Why modules freeze late or never").
+#: Algorithm 1 as published, and Egeria's own rule (the evidence for each value is a
+#: decision record, named at its field below; the index is docs/decisions/README.md).
 RULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "paper": {"window": 10, "horizon": None, "max_frozen_flops": None, "probe_size": None, "floor_ratio": None},
     "egeria": {"window": 3, "horizon": 0.0005, "max_frozen_flops": 0.75, "probe_size": 32, "floor_ratio": 8.0},
@@ -24,7 +24,8 @@ RULE_DEFAULTS: dict[str, dict[str, Any]] = {
 #: The learning-rate drop since the frontmost module froze that unfreezes every module,
 #: per rule: the paper's 10x step decay, and never under Egeria's own (its modules freeze
 #: once the drift still to come is small, after the decays that matter, and unfreezing
-#: then refreezing cost accuracy at full length). Another rule of the user's goes to
+#: does not give back what a freeze cost: see docs/decisions/006-never-unfreeze.md).
+#: Another rule of the user's goes to
 #: ``Egeria(unfreeze_rule=...)`` (egeria.knowledge.unfreezing).
 UNFREEZE_LR_DROP = {"paper": 10.0, "egeria": math.inf}
 #: T = TOLERANCE_RATIO x the largest slope magnitude among a module's first three
@@ -35,10 +36,8 @@ TOLERANCE_RATIO = 0.2
 BOOTSTRAP_CHANGE_RATE = 0.10
 #: n when ``eval_interval`` is None: Egeria's rule reads every this many steps, and the
 #: paper's guideline n is raised to it. The paper evaluates every ~10 to ~100 iterations
-#: (section 3.2); its guideline gives n = 5 for a 1,400-step run, where a reading spans too
-#: few steps to tell convergence from SGD noise and the 10% loss-change test of
-#: bootstrapping passes by chance: on resnet-fmnist that froze the stem at step 111 and
-#: cost 1.2 points of accuracy, while n = 20 matched plain training (benchmarks/README.md).
+#: (section 3.2); on short runs its guideline gives readings too close to tell convergence
+#: from SGD noise: see docs/decisions/003-eval-interval.md.
 MIN_EVAL_INTERVAL = 20
 #: The smallest W the paper's rule halves down to at repeated unfreezes.
 MIN_WINDOW = 2
@@ -94,11 +93,12 @@ class EgeriaConfig:
     # under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
     # freeze only once the drift still to come has fallen to ``horizon`` of its largest,
     # so the W readings confirm a level rather than guard against noise at a high
-    # learning rate).
+    # learning rate; see docs/decisions/009-window-3.md).
     window: int | None = None
     # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
     # or "auto": bf16 (its refresh is a cast, and floor_ratio is measured
-    # with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values).
+    # with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values;
+    # see docs/decisions/002-reference-precision.md).
     reference_precision: str = "auto"
     # Where the controller's reference and fp32 front live. "cpu" (default): host copies,
     # so the controller can run beside the trainer on idle host cores (the paper's design).
@@ -117,10 +117,10 @@ class EgeriaConfig:
     # ever freeze: the multiply-adds of its linear and convolutional weights in the first
     # forward pass (egeria.partition.weight_flops), whose shares are those of the backward
     # work a freeze saves. None: the rule's own, no cap (paper) or 0.75 (egeria: at least
-    # a quarter of the model's weight computation keeps training. On ResNet-20 the stem
-    # and stages 1-2 hold two thirds of it and stage 3 the rest (freezing stage 3 too cost
-    # 0.3 points on resnet-fmnist); on a 6-layer encoder it allows 4 layers, as AutoFreeze
-    # froze). A baseline policy is capped only by a value given. 1.0: no cap.
+    # a quarter of the model's weight computation keeps training: on ResNet-20 the stem and
+    # stages 1-2 may freeze and stage 3 trains on; on a 6-layer encoder it allows 4 layers,
+    # as AutoFreeze froze; see docs/decisions/011-max-frozen-flops.md). A baseline policy is
+    # capped only by a value given. 1.0: no cap.
     max_frozen_flops: float | None = None
     # The freezing rule. "paper": Algorithm 1 as published: one module watched at a time,
     # each starting its history when the one before it froze; after an unfreeze W is
@@ -129,12 +129,13 @@ class EgeriaConfig:
     # freezes; after an unfreeze the rule waits for the loss to settle again (bootstrapping)
     # and keeps W; a learning rate 2x higher or lower than at a module's previous reading
     # restarts its moving average and stale count (a new regime; its tolerance stays),
-    # and the reading spanning the change joins neither regime's average.
+    # and the reading spanning the change joins neither regime's average
+    # (docs/decisions/004-read-every-module.md, docs/decisions/014-lr-regimes.md).
     rule: str = "egeria"
     # Readings run on the first ``probe_size`` samples of the evaluation batch; a reading's
-    # cost shrinks with it. None: the rule's, 32 (egeria, in activation_mode "eval": on
-    # 2 CPU cores a ResNet-20 reading on 128 samples cost 37% of a step, so the 1% budget
-    # stretched n to 39; on 32 samples n stays 20) or the whole batch (paper).
+    # cost shrinks with it. None: the rule's, 32 (egeria, in activation_mode "eval": small
+    # enough that the cost budget keeps n at 20 on 2 CPU cores; see
+    # docs/decisions/010-probe-size.md) or the whole batch (paper).
     probe_size: int | None = None
     # Egeria's criterion: a module whose readings have settled (the slope test over W
     # readings) freezes once the drift still to come is at most this share of the largest
@@ -142,36 +143,29 @@ class EgeriaConfig:
     # unit of learning-rate mass, the median of its last W readings) times the
     # learning-rate mass still ahead, read from the schedule whatever built it
     # (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
-    # freeze. None: the rule's own, 0.0005 (egeria: replayed on committed readings it
-    # freezes the demo's front at its last decay, a language model's layers in the last
-    # 0.5% of its inverse-square-root schedule's mass, and full-length resnet-fmnist's
-    # late in the phase before its last decay or not before it; 0.001 froze the demo's
-    # front 24 steps before the last decay and ended 0.13 points under plain;
-    # benchmarks/README.md, "One criterion in place of the patches") or none (paper: the
-    # slope alone decides); 1.0 turns the condition off.
+    # freeze. None: the rule's own, 0.0005 (egeria; see docs/decisions/008-horizon.md) or
+    # none (paper: the slope alone decides); 1.0 turns the condition off.
     horizon: float | None = None
     # A module also freezes after W readings in a row whose smoothed plasticity is at most
     # this many times its *floor*: what a reading reads when the module has not moved (the
     # reference's own error, measured after each refresh at one more reference forward),
     # however much learning-rate mass is still ahead: its drift cannot be told from none.
     # This is how a pretrained front freezes early in fine-tuning, where its drift never
-    # falls far below its first readings. None: the rule's own, off (paper) or 8.0 (egeria:
-    # fine-tuning resnet-fmnist's ResNet-20 on MNIST, the front read a median 5-31x its
-    # floor; freezing at 8x kept plain's accuracy. From scratch a front reads 1,000-5,000x
-    # its floor at a high learning rate; benchmarks/README.md, "The floor of a reading").
-    # Measured with a bf16 reference; an int8 reference's floor is 10-65x higher. 0 turns
-    # it off.
+    # falls far below its first readings. None: the rule's own, off (paper) or 8.0 (egeria;
+    # measured with a bf16 reference, whose floor is far below an int8 one's; see
+    # docs/decisions/012-floor-ratio.md). 0 turns it off.
     floor_ratio: float | None = None
     # Share of training time Egeria's readings may take on the training thread. With a
     # derived n, n is lengthened once, early, to keep within it (measured on the first
     # evaluations); a budget an explicit eval_interval breaks is reported once. None: no
-    # budget.
+    # budget. See docs/decisions/016-cost-budget.md.
     cost_budget: float | None = 0.01
     # Where a reading's training activation comes from. "eval": at the evaluation step the
     # model's front, up to the watched module, runs once more in eval mode without
     # gradients, so the reading sees the module's own drift and not BatchNorm batch
     # statistics or dropout noise. "train": hooked from the training forward pass, as in
-    # the paper; no extra compute, but that noise is hundreds of times the int8 error.
+    # the paper; no extra compute, but that noise dwarfs the reference's own error (see
+    # docs/decisions/001-eval-mode-readings.md).
     activation_mode: str = "eval"
     # When to freeze: "egeria" (plasticity against the reference model), or a baseline
     # from egeria.policies: "freezeout", "autofreeze", "linear", "static", "none".

@@ -6,12 +6,9 @@ pages and takes a page fault per 4 KiB page. The threshold starts at 128 KiB and
 the size of the largest mmapped chunk freed so far (up to 32 MiB), so it depends on the
 order of a process's first large allocations, and freed memory above the *trim threshold*
 (twice the mmap threshold) at the top of the heap goes back to the kernel too. Processes
-doing the same training steps can end up in different states: on the 2-core VM of the
-committed demo figures, three processes of ResNet-20 at batch 128 (activations of 1.6-6.4
-MB) took 10,800 to 20,900 page faults per step and 10-20 s of kernel time over 250 steps,
-and which one paid most was a matter of chance; with fixed thresholds each took about 300
-and 0.5-0.8 s (``benchmarks/README.md``, "The heap";
-``benchmarks/results/eval_overhead/cache-turns-cpu-*-heap.json``).
+doing the same training steps can end up in different states, and which one pays most
+in page faults and kernel time is a matter of chance; with fixed thresholds they allocate
+alike (docs/decisions/019-fixed-heap.md).
 
 :func:`steady_heap` fixes both thresholds (the mmap threshold at glibc's maximum, above the
 activations of most models on a CPU; buffers larger than 32 MiB still come from fresh pages;

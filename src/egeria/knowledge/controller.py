@@ -321,7 +321,8 @@ class Controller:
         saved = state["reference"]
         if saved is not None and saved["precision"] != self.precision:
             # Readings and floors of another precision are on another scale (an int8
-            # reference's floor is 10-65x a bf16 one's): the watches start afresh.
+            # reference's floor is far above a bf16 one's: docs/decisions/002-reference-precision.md):
+            # the watches start afresh.
             logger.warning(
                 "the saved reference is %s, this controller's is %s (the default changed, or another machine): "
                 "it is rebuilt at the next evaluation and the modules' readings start afresh",

@@ -50,12 +50,10 @@ def reference_home(reference_device: str, model: nn.Module) -> torch.device:
 def resolve_precision(precision: str) -> str:
     """``precision`` itself, or ``"bf16"`` for ``"auto"``, on every device.
 
-    A bf16 reference refreshes with a cast (about 1 ms) where an int8 one re-quantizes
-    (50 to 150 ms per module for ResNet-20), and its error is the one the rule's
-    ``floor_ratio`` was measured with (an int8 reference's is 10
-    to 65x higher, by CPU and module). On a CPU without native bf16 it computes in fp32
-    on bf16-rounded values (:class:`~egeria.knowledge.quantization.RoundedBlock`), in 1.3 to 2.5x
-    an fp32 forward's time where torch's bf16 kernels take 11 to 20x."""
+    A bf16 reference refreshes with a cast where an int8 one re-quantizes, and its error is
+    the one the rule's ``floor_ratio`` was measured with. On a CPU without native bf16 it
+    computes in fp32 on bf16-rounded values (:class:`~egeria.knowledge.quantization.RoundedBlock`),
+    far faster there than torch's bf16 kernels. See docs/decisions/002-reference-precision.md."""
     return "bf16" if precision == "auto" else precision
 
 

@@ -10,9 +10,9 @@ A reading can also come with the module's *floor*: what a reading reads when the
 not moved at all (the reference's own error against the training side, measured right after
 a refresh). With ``floor_ratio``, a module is *quiet* at a reading whose smoothed plasticity
 is at most ``floor_ratio`` x its smoothed floor: its drift is within a few times the
-reference's own error, where the slope is mostly noise (``rule="egeria"``; a fine-tuned
-front reads at a median 5-31x its floor, a front trained from scratch 1,000-5,000x at a
-high learning rate).
+reference's own error, where the slope is mostly noise (``rule="egeria"``; how far above
+its floor a fine-tuned front and a front trained from scratch read:
+docs/decisions/012-floor-ratio.md).
 """
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ class ModuleWatch:
         """Notes the learning rate of the coming reading; at a change of ``REGIME_CHANGE``x
         or more since the previous one, the moving average, its slope and the stale count
         start afresh (the tolerance stays), and the coming reading joins neither regime: it
-        compares the model after the change with a reference from before it. A 10x LR drop
-        moves the plasticity level 10-100x within a few readings; an average straddling the
-        drop reads as a steep slope for W readings after it (benchmarks/README.md, the noise
-        of a reading). True at a restart."""
+        compares the model after the change with a reference from before it. A large LR
+        drop moves the plasticity level within a few readings, and an average straddling the
+        drop reads as a steep slope for W readings after it
+        (docs/decisions/014-lr-regimes.md). True at a restart."""
         previous, self.lr = self.lr, lr
         if previous is None or lr <= 0 or previous <= 0 or max(lr / previous, previous / lr) < REGIME_CHANGE:
             return False

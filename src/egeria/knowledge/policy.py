@@ -288,7 +288,7 @@ class KnowledgeGuided:
     def _keep_budget(self) -> None:
         """Once the first evaluations are measured: lengthen a derived n that breaks the
         cost budget, or report an explicit one. The watches go on: restarting them would set
-        the tolerances from the flatter slopes read later (benchmarks/README.md)."""
+        the tolerances from the flatter slopes read later (docs/decisions/016-cost-budget.md)."""
         limit = self.config.cost_budget
         if limit is None or self.budget_checked or not self.budget.measured:
             return

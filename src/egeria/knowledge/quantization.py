@@ -184,11 +184,9 @@ class RoundedBlock(nn.Module):
     outputs are rounded to bf16, and which computes in fp32.
 
     On a CPU where torch has no fast bf16 kernels (this project's AVX2-only VM) they run
-    11 to 20x slower than fp32; this block takes 1.3 to 2.5x an fp32 forward's time (its
-    rounding passes; ``benchmarks/README.md``) and reads the same error: its SP loss
-    against the fp32 activations is within 10% of a :class:`CastBlock`'s at every
-    ResNet-20 module and 0.6x to 1.2x of it on the Transformer LM, where two bf16
-    computations' errors differ that much between seeds (``tests/knowledge/test_reference.py``).
+    many times slower than fp32; this block costs a few fp32 forwards' time (its rounding
+    passes) and reads the same error as a :class:`CastBlock` (``tests/knowledge/test_reference.py``;
+    the measurements: docs/decisions/002-reference-precision.md).
 
     Rounding each leaf's inputs and outputs stands for the bf16 result of each layer and of
     the functional ops between layers (an activation, attention); a residual add's sum

@@ -8,8 +8,9 @@ controller feeds it live readings and a study can feed it the readings a run rec
 
 Egeria's criterion (``horizon`` set). A reading measures how far a module drifted since
 the reference was last refreshed, that is its drift *rate*, not the distance it still has
-to go (benchmarks/README.md, "The oracle"); and a freeze costs what the later learning
-rate would still have moved the module ("Where a freeze costs"). Both are read from the
+to go (docs/decisions/007-readings-measure-rate.md); and a freeze costs what the later
+learning rate would still have moved the module (docs/decisions/006-never-unfreeze.md).
+The criterion is docs/decisions/008-horizon.md. Both are read from the
 schedule, whatever scheduler built it (:mod:`egeria.lr_schedule`):
 
 - the module's *pace*: its drift per unit of learning-rate mass, a reading over the sum
