@@ -1,0 +1,99 @@
+"""The documents name only paths that exist, the README stays a product page with the two
+commands, and every decision record is in its index and cited by a name that exists (the
+notebook's citations went stale unnoticed as results moved; a moved file must take its
+mentions along)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DECISIONS = ROOT / "docs" / "decisions"
+DOCS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "benchmarks" / "README.md",
+        ROOT / "benchmarks" / "results" / "README.md", *sorted(DECISIONS.glob("*.md"))]
+DEMO_COMMAND = "bash scripts/setup.sh && .venv/bin/egeria demo"
+TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+README_MAX_LINES = 250
+
+# a backticked path from the repository root (a folder ending in "/" or a file), or a bare
+# file name with one of these extensions (found from the root or beside the document)
+BACKTICKED = re.compile(r"`((?:src|tests|benchmarks|scripts|examples|docs)/[\w./-]*|[\w-]+\.(?:md|toml|sh))`")
+# a Markdown link or image target, relative to the document's folder
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+RECORD = re.compile(r"^\d{3}-[\w-]+\.md$")
+CITATION = re.compile(r"docs/decisions/(\d{3}-[\w-]+\.md)")
+
+
+def named_paths(text: str) -> list[str]:
+    """Every path a Markdown text names in backticks or as a link target (web links left out)."""
+    links = [target.split("#")[0] for target in LINK.findall(text)]
+    return BACKTICKED.findall(text) + [t for t in links if t and "://" not in t and not t.startswith("mailto:")]
+
+
+def missing_paths(doc: Path, root: Path = ROOT) -> list[str]:
+    """The paths ``doc`` names that exist neither from ``root`` nor beside ``doc``."""
+    return [name for name in named_paths(doc.read_text())
+            if not (root / name).exists() and not (doc.parent / name).exists()]
+
+
+def test_the_parser_finds_paths_and_links_and_skips_code() -> None:
+    text = ("see `src/egeria/engine.py`, `tests/helpers/`, `README.md`, [a record](003-eval-interval.md#evidence), "
+            "![plot](benchmarks/results/oracle/oracle.png), not `eg.step()`, `egeria.Egeria`, "
+            "`benchmarks/results/demo/seed*/demo.json` or [the paper](https://example.org/egeria.pdf)")
+    assert named_paths(text) == ["src/egeria/engine.py", "tests/helpers/", "README.md",
+                                 "003-eval-interval.md", "benchmarks/results/oracle/oracle.png"]
+
+
+def test_a_broken_path_is_found(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "kept.md").write_text("x")
+    doc = tmp_path / "docs" / "page.md"
+    doc.write_text("`docs/kept.md` and [beside](kept.md), but `docs/gone.md` and [lost](gone/plot.png)")
+    assert missing_paths(doc, root=tmp_path) == ["docs/gone.md", "gone/plot.png"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_document_names_exists(doc: Path) -> None:
+    assert named_paths(doc.read_text()), f"{doc.relative_to(ROOT)} names no path: the parser proves nothing"
+    missing = missing_paths(doc)
+    assert missing == [], f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+def test_the_readme_is_a_short_page_with_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    lines = len(text.splitlines())
+    assert lines < README_MAX_LINES, f"README.md has {lines} lines; keep it under {README_MAX_LINES}"
+    assert DEMO_COMMAND in text, f"README.md lost the demo command {DEMO_COMMAND!r}"
+    assert TEST_COMMAND in text, f"README.md lost the test command {TEST_COMMAND!r}"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(), f".ci/run no longer runs {TEST_COMMAND!r}"
+
+
+def records() -> list[str]:
+    return sorted(p.name for p in DECISIONS.glob("*.md") if RECORD.match(p.name))
+
+
+def test_every_decision_record_is_in_the_index_and_has_its_sections() -> None:
+    names = records()
+    assert len(names) >= 20  # the records exist; an empty folder would pass the rest
+    index = set(LINK.findall((DECISIONS / "README.md").read_text()))
+    assert [name for name in names if name not in index] == [], "docs/decisions/README.md does not list them"
+    for name in names:
+        text = (DECISIONS / name).read_text()
+        absent = [s for s in ("## Question", "## Evidence", "## Decision") if s not in text]
+        assert absent == [], f"docs/decisions/{name} lacks {absent}"
+
+
+def test_every_record_the_code_cites_exists() -> None:
+    cited = {}
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+        for name in CITATION.findall(path.read_text()):
+            cited.setdefault(name, str(path.relative_to(ROOT)))
+    assert cited, "the code cites no decision record"
+    missing = {name: where for name, where in cited.items() if not (DECISIONS / name).exists()}
+    assert missing == {}, f"the code cites decision records that do not exist: {missing}"
