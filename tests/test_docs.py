@@ -91,7 +91,7 @@ def test_every_decision_record_is_in_the_index_and_has_its_sections() -> None:
 
 def test_every_record_the_code_cites_exists() -> None:
     cited = {}
-    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests").rglob("*.py")]:
         for name in CITATION.findall(path.read_text()):
             cited.setdefault(name, str(path.relative_to(ROOT)))
     assert cited, "the code cites no decision record"
