@@ -1,8 +1,8 @@
 """Egeria on an accelerator, in one command: plain PyTorch against Egeria (and Egeria with
 the activation cache) on a ResNet and on a small Transformer, under bf16 autocast, with
 Egeria's controller where its defaults put it beside an accelerator (its own process);
-then FSDP2 (``fully_shard``) on the devices there are. It prints the figures the README's
-accelerator table needs and writes them as JSON (issue 31, item 3).
+then FSDP2 (``fully_shard``) on the devices there are. It prints the figures a README row
+for an accelerator needs and writes them as JSON (issue 31, item 3).
 
 On a GPU machine, from the repository root (no install needed: the source is on the path)::
 

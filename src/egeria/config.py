@@ -54,7 +54,7 @@ REMOVED = {
     "unfreeze_lr_drop": "removed: each rule has its own (egeria.config.UNFREEZE_LR_DROP); pass "
                         "Egeria(unfreeze_rule=egeria.LRDropRule(factor)) for another",
     "max_frozen": "removed: max_frozen_flops caps the frozen share of the model's weight computation",
-    "fixed_probe": "removed: a fixed probe did not make readings quieter (benchmarks/README.md)",
+    "fixed_probe": "removed: a fixed probe did not make readings quieter (docs/decisions/013-fixed-probe.md)",
     "max_frozen_params": "removed: max_frozen_flops caps the frozen share of the model's weight computation",
 }
 #: Precisions the reference model can run in.
