@@ -1,4 +1,4 @@
-"""Issue 28's fine-tuning task (d): PTB sentences for a BERT-style encoder, bigram shift, the
+"""Issue 28's fine-tuning task (d): PTB sentences for a pretrained language model, bigram shift, the
 pretraining's masking, and one tiny run through the Hugging Face Trainer recorded as a run
 file that the report reads."""
 
@@ -22,7 +22,7 @@ needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers")
 
 
 def _pretraining_script():
-    spec = importlib.util.spec_from_file_location("pretrain_ptb_bert", ROOT / "scripts" / "pretrain_ptb_bert.py")
+    spec = importlib.util.spec_from_file_location("pretrain_ptb_bert", ROOT / "scripts" / "pretrain_ptb_lm.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -100,28 +100,34 @@ def test_ptb_sentences_follow_the_text():
 @pytest.mark.slow
 @needs_ptb
 @needs_transformers
-def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path):
-    from transformers import BertConfig, BertForMaskedLM
+@pytest.mark.parametrize("arch", ["gpt", "bert"])
+def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path, arch):
+    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
     from egeria.bench.report import build_report, load_runs
     from egeria.bench.trainer_run import main, run_trainer_bench
     torch.manual_seed(0)
-    # PTB's 10,000 words and the 4 specials.
-    config = BertConfig(vocab_size=10004, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=48, type_vocab_size=1, pad_token_id=ps.PAD)
-    BertForMaskedLM(config).save_pretrained(tmp_path / "encoder")
-    run = run_trainer_bench("bert-ptb-bshift", "none", seed=1, epochs=1, out_dir=tmp_path / "runs", limit=64,
+    # PTB's 10,000 words and the 4 specials; either architecture the pretraining script makes.
+    if arch == "gpt":
+        config = GPT2Config(vocab_size=10004, n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=48,
+                            pad_token_id=ps.PAD, bos_token_id=ps.CLS, eos_token_id=ps.SEP)
+        GPT2LMHeadModel(config).save_pretrained(tmp_path / "encoder")
+    else:
+        config = BertConfig(vocab_size=10004, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32, max_position_embeddings=48, type_vocab_size=1, pad_token_id=ps.PAD)
+        BertForMaskedLM(config).save_pretrained(tmp_path / "encoder")
+    run = run_trainer_bench("gpt-ptb-bshift", "none", seed=1, epochs=1, out_dir=tmp_path / "runs", limit=64,
                             eval_limit=40, records_per_epoch=2, init=tmp_path / "encoder", heap="default")
-    path = tmp_path / "runs" / "cpu" / "bert-ptb-bshift" / "none-seed1.json"
+    path = tmp_path / "runs" / "cpu" / "gpt-ptb-bshift" / "none-seed1.json"
     assert json.loads(path.read_text()) == json.loads(json.dumps(run))
     assert run["total_steps"] == 2 and [r["step"] for r in run["records"]] == [1, 2]
     assert run["trainer"]["lr_scheduler_type"] == "linear" and run["trainer"]["global_steps"] == 2
     assert run["final"]["total_flops"] > 0 and run["records"][0]["backward_share"] == 1.0
-    assert all(r["frozen"] == [] for r in run["records"]) and run["modules"][0] == "bert.embeddings"
+    assert all(r["frozen"] == [] for r in run["records"]) and run["modules"][0].startswith({"gpt": "transformer.wte", "bert": "bert.embeddings"}[arch])
     assert 0.0 <= run["final"]["metric"] <= 1.0 and run["init"]["weights_sha256"]
     report = build_report(load_runs([tmp_path / "runs"]), tmp_path / "report", plots=False)
-    assert report["tasks"]["bert-ptb-bshift"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
+    assert report["tasks"]["gpt-ptb-bshift"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
     with pytest.raises(SystemExit):
-        main(["bert-ptb-bshift", "--cache"])
-    with pytest.raises(ValueError, match="scripts/pretrain_ptb_bert.py"):
-        run_trainer_bench("bert-ptb-bshift", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")
+        main(["gpt-ptb-bshift", "--cache"])
+    with pytest.raises(ValueError, match="scripts/pretrain_ptb_lm.py"):
+        run_trainer_bench("gpt-ptb-bshift", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")

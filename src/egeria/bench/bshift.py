@@ -1,5 +1,5 @@
 """Bigram shift on Penn Treebank: is this sentence as written, or were two adjacent words
-swapped? The fine-tuning task of issue 28's suite (``bert-ptb-bshift``).
+swapped? The fine-tuning task of issue 28's suite (``gpt-ptb-bshift``).
 
 Why this task: it is built from real text alone (PTB sentences, no labels to invent), it is
 balanced, and it cannot be solved from the words present (both classes hold the same
@@ -31,7 +31,7 @@ __all__ = ["BigramShift"]
 
 class BigramShift(Dataset):
     """Sentences, half of them with one adjacent pair of words swapped, encoded for a
-    BERT-style classifier: item ``i`` is ``{"input_ids", "attention_mask", "labels"}``.
+    pretrained classifier: item ``i`` is ``{"input_ids", "attention_mask", "labels"}``.
 
     Args:
         sentences: word-id tensors (:func:`egeria.bench.ptb_sentences.sentences`).

@@ -2,15 +2,16 @@
 run file (:mod:`egeria.bench.run`, format 2), so ``egeria report`` reads it beside the
 others.
 
-The task, ``bert-ptb-bshift`` (issue 28's suite, d): the BERT-style encoder pretrained by
-``scripts/pretrain_ptb_bert.py`` (masked-LM on the PTB training text), loaded with
-``BertForSequenceClassification.from_pretrained`` (a fresh pooler and classifier, seeded),
+The task, ``gpt-ptb-bshift`` (issue 28's suite, d): the GPT-style model pretrained by
+``scripts/pretrain_ptb_lm.py`` (next-word prediction on the PTB training text), loaded with
+``AutoModelForSequenceClassification.from_pretrained`` (a fresh classifier, seeded, reading
+the last word: ``[SEP]``; a BERT-style folder from ``--arch bert`` loads the same way),
 fine-tuned on bigram shift (:mod:`egeria.bench.bshift`) over every PTB training sentence
 and judged by accuracy on the validation and test sentences together (7,000 sentences the
 pretraining never saw; two splits rather than one to halve the accuracy's sampling noise).
 It trains the way the ``Trainer`` trains by default: AdamW, its default linear decay to 0
 with no warm-up, weight decay 0, 3 epochs; the learning rate is 1e-4 (the default 5e-5 is
-set for BERT-base; small BERTs fine-tune best at 1e-4 and above), batch 32, sentences cut
+set for BERT-base; small models fine-tune best at 1e-4 and above), batch 32, sentences cut
 or padded to 48 ids. Every policy, plain (``none``) included, runs through
 :class:`egeria.integrations.hf.EgeriaCallback`, as ``egeria bench`` runs every policy
 through one loop.
@@ -27,7 +28,7 @@ cache is not offered: the Trainer builds its own data loader, which
 
 Command line (the flags of ``egeria bench``)::
 
-    python -m egeria.bench.trainer_run bert-ptb-bshift --policy none --seed 0 --layout cpu \\
+    python -m egeria.bench.trainer_run gpt-ptb-bshift --policy none --seed 0 --layout cpu \\
         --out benchmarks/results/tta-full --records-per-epoch 4
 """
 
@@ -61,8 +62,8 @@ __all__ = ["TRAINER_TASKS", "DEFAULT_INIT", "TrainerTask", "build_trainer_task",
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_INIT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "egeria" / "ptb-bert-mlm"
-"""Where ``scripts/pretrain_ptb_bert.py`` writes the pretrained encoder by default."""
+DEFAULT_INIT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "egeria" / "ptb-gpt"
+"""Where ``scripts/pretrain_ptb_lm.py`` writes the pretrained model by default."""
 
 
 @dataclass
@@ -90,7 +91,7 @@ class TrainerTask:
     init: dict
 
 
-def _bert_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
+def _gpt_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
                      init: str | Path | None) -> TrainerTask:
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -103,8 +104,8 @@ def _bert_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_l
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise ValueError(
-            f"bert-ptb-bshift fine-tunes the encoder scripts/pretrain_ptb_bert.py makes; {weights} not found "
-            f"(run `python scripts/pretrain_ptb_bert.py --out {folder}` first, or pass --init FOLDER)"
+            f"gpt-ptb-bshift fine-tunes the model scripts/pretrain_ptb_lm.py makes; {weights} not found "
+            f"(run `python scripts/pretrain_ptb_lm.py --out {folder}` first, or pass --init FOLDER)"
         )
     corpus = load_ptb()
     length, batch = 48, 32
@@ -130,12 +131,12 @@ def _bert_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_l
         return correct / total
 
     return TrainerTask(
-        "bert-ptb-bshift", model, train, accuracy, "accuracy", True, epochs or 3, math.ceil(len(train) / batch), batch,
+        "gpt-ptb-bshift", model, train, accuracy, "accuracy", True, epochs or 3, math.ceil(len(train) / batch), batch,
         1e-4, {"path": str(folder), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()},
     )
 
 
-TRAINER_TASKS: dict[str, Callable[..., TrainerTask]] = {"bert-ptb-bshift": _bert_ptb_bshift}
+TRAINER_TASKS: dict[str, Callable[..., TrainerTask]] = {"gpt-ptb-bshift": _gpt_ptb_bshift}
 
 
 def build_trainer_task(name: str, *, seed: int = 0, epochs: int | None = None, limit: int | None = None,
