@@ -61,17 +61,17 @@ declare -A size=(
   # minutes a plain run here), so the two schedules compare at equal length.
   [transformer-ptb-cosine]="--epochs 6 --records-per-epoch 4"
   # Suite (d), through the Hugging Face Trainer (python -m egeria.bench.trainer_run): the
-  # pretrained GPT-style model fine-tuned on bigram shift over every PTB training sentence (about
+  # pretrained GPT-style model fine-tuned on word order over every PTB training sentence (about
   # 42,000 / 32 = 1,300 steps per epoch), 3 epochs as the Trainer's default: about 3,900
   # steps of 11 GFLOPs, some 12-15 minutes a plain run on 2 idle cores, the fine-tuning
   # run shorter than the pretraining as usual. Before its first run the model is
   # pretrained (scripts/pretrain_ptb_lm.py, about 50 minutes) into PRETRAINED unless
   # there; its record goes beside the task's runs. Its Egeria runs train without the
   # activation cache, which does not wrap the Trainer's own loader.
-  [gpt-ptb-bshift]="--epochs 3 --records-per-epoch 4"
+  [gpt-ptb-order]="--epochs 3 --records-per-epoch 4"
 )
 # finetune-mnist starts from resnet-fmnist's plain seed 0.
-tasks=${TASKS:-"resnet-fmnist transformer-ptb finetune-mnist vgg-fmnist transformer-ptb-cosine gpt-ptb-bshift"}
+tasks=${TASKS:-"resnet-fmnist transformer-ptb finetune-mnist vgg-fmnist transformer-ptb-cosine gpt-ptb-order"}
 read -ra seeds <<< "${SEEDS:-0 1 2}"
 
 # The plain accel runs started before layouts existed went to $out/runs-accel (no layout
@@ -90,17 +90,17 @@ run() {  # task policy seed [nocache]
     if [ -n "$weights" ]; then init=(--init "${weights%.json}.pt"); fi
   fi
   local variant=() name="$2" command=("${egeria[@]}" bench)
-  if [ "$1" = gpt-ptb-bshift ]; then
+  if [ "$1" = gpt-ptb-order ]; then
     command=("${python[@]}" -m egeria.bench.trainer_run)
     init=(--init "$pretrained")
   fi
   if [ "$2" = egeria ]; then
     read -ra variant <<< "${EGERIA_SET:-}"
-    if [ "${4:-cache}" = cache ] && [ "$1" != gpt-ptb-bshift ]; then variant+=(--cache); name="$2-cache"; fi
+    if [ "${4:-cache}" = cache ] && [ "$1" != gpt-ptb-order ]; then variant+=(--cache); name="$2-cache"; fi
   fi
   done=$(found "$1" "$name" "$3")
   if [ -n "$done" ]; then echo "skip $done"; return; fi
-  if [ "$1" = gpt-ptb-bshift ] && [ ! -f "$pretrained/model.safetensors" ]; then
+  if [ "$1" = gpt-ptb-order ] && [ ! -f "$pretrained/model.safetensors" ]; then
     echo "start pretraining into $pretrained $(date -Is)"
     # shellcheck disable=SC2086
     "${python[@]}" scripts/pretrain_ptb_lm.py --out "$pretrained" --record "$out/$LAYOUT/$1/pretraining.json" \

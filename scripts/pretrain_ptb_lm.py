@@ -1,5 +1,5 @@
-"""Pretrain the small language model that issue 28's fine-tuning task (``gpt-ptb-bshift``,
-:mod:`egeria.bench.bshift`) starts from, on the Penn Treebank training text, from scratch,
+"""Pretrain the small language model that issue 28's fine-tuning task (``gpt-ptb-order``,
+:mod:`egeria.bench.word_order`) starts from, on the Penn Treebank training text, from scratch,
 seeded and deterministic on one machine.
 
     .venv/bin/python scripts/pretrain_ptb_lm.py                    # about 50 minutes on 2 idle cores

@@ -25,7 +25,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 code=${CODE:-/work/suite-code}
 out=${OUT_ROOT:-$repo/benchmarks/results/tta-full}
-queue=${QUEUE:-"vgg-fmnist:0 vgg-fmnist:1 vgg-fmnist:2 transformer-ptb-cosine:0 transformer-ptb-cosine:1 transformer-ptb-cosine:2 gpt-ptb-bshift:0 gpt-ptb-bshift:1 gpt-ptb-bshift:2"}
+queue=${QUEUE:-"vgg-fmnist:0 vgg-fmnist:1 vgg-fmnist:2 transformer-ptb-cosine:0 transformer-ptb-cosine:1 transformer-ptb-cosine:2 gpt-ptb-order:0 gpt-ptb-order:1 gpt-ptb-order:2"}
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 
 say() { echo "[suite-baselines $(date -Is)] $*"; }
@@ -59,7 +59,7 @@ PY
 }
 
 commit_pretraining() {  # the encoder's pretraining record, once, when it appears
-  local record=$out/cpu/gpt-ptb-bshift/pretraining.json msg summary
+  local record=$out/cpu/gpt-ptb-order/pretraining.json msg summary
   [ -f "$record" ] && [ "${NO_COMMIT:-0}" != 1 ] || return 0
   git -C "$repo" ls-files --error-unmatch -- "$record" >/dev/null 2>&1 && return 0
   summary=$("$repo/.venv/bin/python" - "$record" <<'PY'
@@ -87,7 +87,7 @@ fi
 for item in $queue; do
   IFS=: read -r task seed policy <<< "$item"
   policy=${policy:-none} name=$policy
-  if [ "$policy" = egeria ] && [ "$task" != gpt-ptb-bshift ]; then name=egeria-cache; fi
+  if [ "$policy" = egeria ] && [ "$task" != gpt-ptb-order ]; then name=egeria-cache; fi
   json=$out/cpu/$task/$name-seed$seed.json
   if [ -f "$json" ]; then say "skip $task seed $seed: $json exists"; continue; fi
   # A run of this item already under way (started by an earlier runner): wait for it.

@@ -1,4 +1,4 @@
-"""Issue 28's fine-tuning task (d): PTB sentences for a pretrained language model, bigram shift, the
+"""Issue 28's fine-tuning task (d): PTB sentences for a pretrained language model, word order, the
 pretraining's masking, and one tiny run through the Hugging Face Trainer recorded as a run
 file that the report reads."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from egeria.bench import ptb_sentences as ps
-from egeria.bench.bshift import BigramShift
+from egeria.bench.word_order import WordOrder
 
 from needs_data import needs_ptb
 
@@ -37,33 +37,36 @@ def test_encode_pads_and_cuts():
         ps.encode([7], 2)
 
 
-def test_bigram_shift_is_balanced_fixed_and_swaps_two_different_neighbours():
+def test_word_order_is_balanced_fixed_and_shuffles_the_same_words():
     g = torch.Generator().manual_seed(5)
     sentences = [torch.randint(4, 60, (int(n),), generator=g) for n in torch.randint(2, 30, (101,), generator=g)]
-    sentences.append(torch.tensor([9, 9, 9]))  # no two different neighbours: left out
-    data = BigramShift(sentences, 12, data_seed=0)
-    assert len(data) == 101 and int(data.labels.sum()) == 50
-    again = BigramShift(sentences, 12, data_seed=0)
+    sentences.append(torch.tensor([9, 9, 9]))  # one word repeated: no other order, left out
+    sentences.append(torch.tensor([7, 8]))  # two words: the one other order is the swap
+    data = WordOrder(sentences, 12, data_seed=0)
+    assert len(data) == 102 and int(data.labels.sum()) == 51
+    again = WordOrder(sentences, 12, data_seed=0)
     assert torch.equal(data.input_ids, again.input_ids) and torch.equal(data.labels, again.labels)
-    assert not torch.equal(BigramShift(sentences, 12, data_seed=1).labels, data.labels)
-    for i, (sentence, j) in enumerate(zip(sentences, data.swaps)):
-        words = data.input_ids[i, 1 : 1 + min(len(sentence), 10)]
+    assert not torch.equal(WordOrder(sentences, 12, data_seed=1).labels, data.labels)
+    kept = sentences[:101] + sentences[102:]
+    for i, sentence in enumerate(kept):
         original = sentence[:10]
+        words = data.input_ids[i, 1 : 1 + len(original)]
+        assert data.input_ids[i, 1 + len(original)] == ps.SEP
         if data.labels[i] == 0:
-            assert j == -1 and torch.equal(words, original)
+            assert data.orders[i] is None and torch.equal(words, original)
         else:
-            assert 0 <= j < len(original) - 1 and original[j] != original[j + 1]
-            assert words[j] == original[j + 1] and words[j + 1] == original[j]
-            assert torch.equal(torch.cat([words[:j], words[j + 2 :]]), torch.cat([original[:j], original[j + 2 :]]))
+            assert torch.equal(words, original[data.orders[i]]) and not torch.equal(words, original)
+            assert torch.equal(words.sort().values, original.sort().values)
+    assert data.labels[-1] == 0 or torch.equal(data.input_ids[-1, 1:3], torch.tensor([8, 7]))
     item = data[0]
     assert set(item) == {"input_ids", "attention_mask", "labels"} and item["input_ids"].shape == (12,)
 
 
-def test_bigram_shift_refusals_name_the_value():
+def test_word_order_refusals_name_the_value():
     with pytest.raises(ValueError, match="length=3"):
-        BigramShift([torch.tensor([5, 6])], 3)
+        WordOrder([torch.tensor([5, 6])], 3)
     with pytest.raises(ValueError, match="none of the 1 sentences"):
-        BigramShift([torch.tensor([5, 5])], 8)
+        WordOrder([torch.tensor([5, 5])], 8)
 
 
 def test_pretraining_masks_words_only_and_packs_whole_sentences():
@@ -116,9 +119,9 @@ def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path, arch):
         config = BertConfig(vocab_size=10004, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=32, max_position_embeddings=48, type_vocab_size=1, pad_token_id=ps.PAD)
         BertForMaskedLM(config).save_pretrained(tmp_path / "encoder")
-    run = run_trainer_bench("gpt-ptb-bshift", "none", seed=1, epochs=1, out_dir=tmp_path / "runs", limit=64,
+    run = run_trainer_bench("gpt-ptb-order", "none", seed=1, epochs=1, out_dir=tmp_path / "runs", limit=64,
                             eval_limit=40, records_per_epoch=2, init=tmp_path / "encoder", heap="default")
-    path = tmp_path / "runs" / "cpu" / "gpt-ptb-bshift" / "none-seed1.json"
+    path = tmp_path / "runs" / "cpu" / "gpt-ptb-order" / "none-seed1.json"
     assert json.loads(path.read_text()) == json.loads(json.dumps(run))
     assert run["total_steps"] == 2 and [r["step"] for r in run["records"]] == [1, 2]
     assert run["trainer"]["lr_scheduler_type"] == "linear" and run["trainer"]["global_steps"] == 2
@@ -126,8 +129,8 @@ def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path, arch):
     assert all(r["frozen"] == [] for r in run["records"]) and run["modules"][0].startswith({"gpt": "transformer.wte", "bert": "bert.embeddings"}[arch])
     assert 0.0 <= run["final"]["metric"] <= 1.0 and run["init"]["weights_sha256"]
     report = build_report(load_runs([tmp_path / "runs"]), tmp_path / "report", plots=False)
-    assert report["tasks"]["gpt-ptb-bshift"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
+    assert report["tasks"]["gpt-ptb-order"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
     with pytest.raises(SystemExit):
-        main(["gpt-ptb-bshift", "--cache"])
+        main(["gpt-ptb-order", "--cache"])
     with pytest.raises(ValueError, match="scripts/pretrain_ptb_lm.py"):
-        run_trainer_bench("gpt-ptb-bshift", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")
+        run_trainer_bench("gpt-ptb-order", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")

@@ -4,7 +4,7 @@ four special tokens in front, the sentences of a split, and their fixed-length e
 Id 0 is ``[PAD]``, 1 ``[CLS]``, 2 ``[SEP]``, 3 ``[MASK]``; the PTB word of id ``w`` (in
 :func:`egeria.data.load_ptb`'s vocabulary) is id ``w + 4``. A sentence is a line of the
 PTB text, its ``<eos>`` left out. The pretraining (``scripts/pretrain_ptb_lm.py``)
-and the fine-tuning task (:mod:`egeria.bench.bshift`) share this encoding.
+and the fine-tuning task (:mod:`egeria.bench.word_order`) share this encoding.
 """
 
 from __future__ import annotations

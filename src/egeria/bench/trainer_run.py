@@ -2,11 +2,11 @@
 run file (:mod:`egeria.bench.run`, format 2), so ``egeria report`` reads it beside the
 others.
 
-The task, ``gpt-ptb-bshift`` (issue 28's suite, d): the GPT-style model pretrained by
+The task, ``gpt-ptb-order`` (issue 28's suite, d): the GPT-style model pretrained by
 ``scripts/pretrain_ptb_lm.py`` (next-word prediction on the PTB training text), loaded with
 ``AutoModelForSequenceClassification.from_pretrained`` (a fresh classifier, seeded, reading
 the last word: ``[SEP]``; a BERT-style folder from ``--arch bert`` loads the same way),
-fine-tuned on bigram shift (:mod:`egeria.bench.bshift`) over every PTB training sentence
+fine-tuned on word order (:mod:`egeria.bench.word_order`) over every PTB training sentence
 and judged by accuracy on the validation and test sentences together (7,000 sentences the
 pretraining never saw; two splits rather than one to halve the accuracy's sampling noise).
 It trains the way the ``Trainer`` trains by default: AdamW, its default linear decay to 0
@@ -28,7 +28,7 @@ cache is not offered: the Trainer builds its own data loader, which
 
 Command line (the flags of ``egeria bench``)::
 
-    python -m egeria.bench.trainer_run gpt-ptb-bshift --policy none --seed 0 --layout cpu \\
+    python -m egeria.bench.trainer_run gpt-ptb-order --policy none --seed 0 --layout cpu \\
         --out benchmarks/results/tta-full --records-per-epoch 4
 """
 
@@ -91,26 +91,26 @@ class TrainerTask:
     init: dict
 
 
-def _gpt_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
+def _gpt_ptb_order(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
                      init: str | Path | None) -> TrainerTask:
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     from ..data import load_ptb
-    from .bshift import BigramShift
+    from .word_order import WordOrder
     from .ptb_sentences import sentences
 
     folder = Path(init) if init is not None else DEFAULT_INIT
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise ValueError(
-            f"gpt-ptb-bshift fine-tunes the model scripts/pretrain_ptb_lm.py makes; {weights} not found "
+            f"gpt-ptb-order fine-tunes the model scripts/pretrain_ptb_lm.py makes; {weights} not found "
             f"(run `python scripts/pretrain_ptb_lm.py --out {folder}` first, or pass --init FOLDER)"
         )
     corpus = load_ptb()
     length, batch = 48, 32
-    train = BigramShift(sentences(corpus, "train")[:limit], length)
-    held_out = BigramShift((sentences(corpus, "valid") + sentences(corpus, "test"))[:eval_limit], length)
+    train = WordOrder(sentences(corpus, "train")[:limit], length)
+    held_out = WordOrder((sentences(corpus, "valid") + sentences(corpus, "test"))[:eval_limit], length)
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the new pooler and classifier
@@ -131,12 +131,12 @@ def _gpt_ptb_bshift(*, seed: int, epochs: int | None, limit: int | None, eval_li
         return correct / total
 
     return TrainerTask(
-        "gpt-ptb-bshift", model, train, accuracy, "accuracy", True, epochs or 3, math.ceil(len(train) / batch), batch,
+        "gpt-ptb-order", model, train, accuracy, "accuracy", True, epochs or 3, math.ceil(len(train) / batch), batch,
         1e-4, {"path": str(folder), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()},
     )
 
 
-TRAINER_TASKS: dict[str, Callable[..., TrainerTask]] = {"gpt-ptb-bshift": _gpt_ptb_bshift}
+TRAINER_TASKS: dict[str, Callable[..., TrainerTask]] = {"gpt-ptb-order": _gpt_ptb_order}
 
 
 def build_trainer_task(name: str, *, seed: int = 0, epochs: int | None = None, limit: int | None = None,
