@@ -15,6 +15,17 @@ same step, and frozen parameters out of DDP's all-reduce.
   the same), over the parameters that now train, with the options it had, its
   communication hooks and its own hooks kept: frozen parameters are no longer
   all-reduced, and unfrozen ones are again.
+- FSDP2 (a model sharded with ``torch.distributed.fsdp.fully_shard``; no wrapper to
+  rebuild): each parameter is a ``DTensor`` shard with its own ``requires_grad``, which
+  FSDP2 copies to the gathered parameter at every unshard, and its reduce-scatter takes
+  only the parameters that received a gradient. So the same freeze as without FSDP
+  (``requires_grad`` False, grad None, at the same step on every rank) takes frozen
+  parameters out of the reduce-scatter, and a frozen prefix, whose input needs no
+  gradient, runs without autograd and is not gathered again for backward.
+  :func:`check_fsdp2_policy` refuses the policies that read the model on rank 0 (no rank
+  holds a layer module whole); :meth:`Ranks.share_buffers` gives every rank rank 0's
+  buffers of the modules that freeze (FSDP2 replicates buffers but never synchronises
+  them, and a frozen module's BatchNorm runs in eval mode on its running statistics).
 """
 
 from __future__ import annotations
@@ -30,7 +41,16 @@ from torch import nn
 
 from .policies import Move
 
-__all__ = ["Ranks", "RanksDisagree", "BOUNDARY_TIMEOUT_S", "distributed_run", "rebuild_ddp", "check_ddp"]
+__all__ = [
+    "Ranks",
+    "RanksDisagree",
+    "BOUNDARY_TIMEOUT_S",
+    "FSDP2_POLICIES",
+    "distributed_run",
+    "rebuild_ddp",
+    "check_ddp",
+    "check_fsdp2_policy",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +165,21 @@ class Ranks:
         self._collective(lambda: dist.broadcast_object_list(box, src=0, group=self.group), what, None)
         return box[0]
 
+    def share_buffers(self, buffers: list[torch.Tensor]) -> None:
+        """Rank 0's values of ``buffers`` (plain tensors, on any device) on every rank, in
+        place, in one broadcast over Egeria's CPU group. Every rank must call it with
+        buffers of the same shapes and dtypes in the same order."""
+        if not buffers:
+            return
+        # One flat float64 tensor: exact for float32/16 and bfloat16 values and for
+        # integer counters below 2**53 (BatchNorm's num_batches_tracked).
+        flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float64) for b in buffers])
+        self._collective(lambda: dist.broadcast(flat, src=0, group=self.group), "eg.step()", None)
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset : offset + b.numel()].view(b.shape))
+            offset += b.numel()
+
     def _name_difference(self, summary: dict[str, Any], step: int) -> None:
         """Raises :class:`RanksDisagree` naming the first rank and field that differ from
         rank 0's (every rank calls it: the digests told them all)."""
@@ -177,6 +212,33 @@ def _digest(summary: dict[str, Any]) -> int:
     """A 63-bit digest of ``summary`` (its repr: names, shapes and counts), the same on
     every rank for equal summaries."""
     return int.from_bytes(hashlib.sha256(repr(sorted(summary.items())).encode()).digest()[:8], "big") >> 1
+
+
+#: The policies that decide from the step alone (and a policy object of the user's), the
+#: ones that work under FSDP2 (:func:`check_fsdp2_policy`).
+FSDP2_POLICIES = ("linear", "static", "freezeout", "none")
+
+
+def check_fsdp2_policy(name: str, reads_model: bool) -> None:
+    """Refuses, under FSDP2, a policy that reads the model's weights or gradients on rank 0.
+
+    Egeria's rule compares a layer module's activations with a reference copy of its
+    weights, AutoFreeze reads gradient norms and SmartFRZ samples weights, all on rank 0
+    alone; under FSDP2 rank 0 holds a shard of each parameter. Gathering them would need
+    every rank inside rank 0's policy at the same moment (the policy runs on rank 0 only,
+    and Egeria's controller on a thread or process beside training), so these policies
+    are refused rather than fed a shard.
+
+    Raises:
+        ValueError: naming the policy and the ones that work.
+    """
+    if reads_model:
+        raise ValueError(
+            f"the {name!r} policy reads the model's weights or gradients on rank 0, and under FSDP2 (fully_shard) "
+            "rank 0 holds only a shard of each parameter; under FSDP2 choose a policy that decides from the step: "
+            f"EgeriaConfig(policy=...) one of {', '.join(FSDP2_POLICIES)} (or a policy object of your own), or "
+            f"train with DistributedDataParallel to use {name!r}"
+        )
 
 
 def check_ddp(ddp: nn.Module) -> None:

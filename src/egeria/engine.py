@@ -35,7 +35,7 @@ from .checkpoint.engine_state import Checkpointing
 from .checks import check_int, check_lr_schedule, check_optimizer, check_run_length, checked_loss, submodule_of
 from .config import EgeriaConfig
 from .decision import Decision
-from .distributed import Ranks, distributed_run, rebuild_ddp
+from .distributed import Ranks, check_fsdp2_policy, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .knowledge.mainguard import refuse_in_reimported_main
 from .knowledge.unfreezing import UnfreezeRule, current_lr
@@ -46,7 +46,7 @@ from .partition import Partition, check_blocks, find_blocks
 from .policies import Binding, FreezePolicy, Move, PolicyView, StepInfo, as_move, policy_for
 from .signals import TensorBoardSignals, scalars
 from .stepcount import OptimizerSteps, OutputLosses
-from .wrappers import compiled_in, ddp_of, unwrap, unwrap_optimizer
+from .wrappers import compiled_in, ddp_of, fsdp2_in, unwrap, unwrap_optimizer
 
 __all__ = ["Egeria"]
 
@@ -57,9 +57,10 @@ class Egeria(Checkpointing, CacheLoading):
     """Freezes converged front layer modules of ``model`` while it trains.
 
     Args:
-        model: the model being trained, as the loop calls it: the module itself or wrapped
-            in ``DistributedDataParallel`` and/or ``torch.compile`` (Egeria hooks and
-            splits the module inside; :mod:`egeria.wrappers`).
+        model: the model being trained, as the loop calls it: the module itself (sharded
+            with ``fully_shard`` or not) or wrapped in ``DistributedDataParallel`` and/or
+            ``torch.compile`` (Egeria hooks and splits the module inside;
+            :mod:`egeria.wrappers`).
         optimizer: its optimizer; its param groups are never changed.
         config: hyperparameters; :class:`EgeriaConfig` defaults when None.
         lr_scheduler: the learning-rate scheduler, if any; or later, :meth:`set_schedule`.
@@ -98,11 +99,16 @@ class Egeria(Checkpointing, CacheLoading):
     Under ``torchrun`` (an initialised process group of several ranks), rank 0 decides and
     every rank applies its decisions at the same step; a ``DistributedDataParallel`` model
     is rebuilt at every freeze and unfreeze so that frozen parameters are not all-reduced
-    (:mod:`egeria.distributed`). Build Egeria on every rank at the same point.
+    (:mod:`egeria.distributed`). Build Egeria on every rank at the same point. A model
+    sharded with ``fully_shard`` (FSDP2) needs no rebuild: frozen parameters leave its
+    reduce-scatter by their ``requires_grad``; the policies that read the model on rank 0
+    and the activation cache are refused there, and frozen modules' buffers are made rank
+    0's at each freeze.
 
     Raises:
         ValueError: for bad arguments, an optimizer without any of the model's
-            parameters, or a model with fewer than two layer modules.
+            parameters, a model with fewer than two layer modules, or under FSDP2 a policy
+            that reads the model (naming the ones that work).
     """
 
     def __init__(
@@ -132,6 +138,7 @@ class Egeria(Checkpointing, CacheLoading):
         model, wrappers = unwrap(model)
         self._ddp = ddp_of(wrappers)
         self._compiled = compiled_in(wrappers)
+        self._fsdp2 = fsdp2_in(model)  # sharded with fully_shard (egeria.distributed)
         if module is not None:
             model = submodule_of(model, module)
         optimizer = unwrap_optimizer(optimizer)
@@ -142,6 +149,8 @@ class Egeria(Checkpointing, CacheLoading):
         self._signals = TensorBoardSignals(writer, log_every) if writer is not None else None
         self.policy: FreezePolicy = policy_for(self.config, policy, unfreeze_rule)
         self._asks = PolicyView(self.policy)  # what the engine asks the policy beyond deciding
+        if self._fsdp2:
+            check_fsdp2_policy(self.policy.name, self._asks.reads_model)
         self._custom_unfreeze = unfreeze_rule is not None
         self.model = model
         self.optimizer = optimizer
@@ -365,6 +374,12 @@ class Egeria(Checkpointing, CacheLoading):
         return self._prefix
 
     def _frozen_changed(self, count: int) -> None:
+        if self._fsdp2 and self._ranks is not None and count > 0:
+            # FSDP2 never synchronises buffers: each rank's BatchNorm statistics are its
+            # own data's, and a frozen module runs in eval mode on them. Rank 0's, everywhere.
+            assert self._prefix is not None
+            blocks = [b for m in self._prefix.partition.modules[:count] for b in m.blocks]
+            self._ranks.share_buffers([buf for b in blocks for buf in self.model.get_submodule(b).buffers()])
         if self._cache is not None:
             self._cache.set_frozen(count)
         if self._ddp is not None:

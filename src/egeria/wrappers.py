@@ -4,15 +4,23 @@ The object a loop calls (``DistributedDataParallel(model)``, ``torch.compile(mod
 not the module Egeria hooks and splits into layer modules: :func:`unwrap` finds that one
 and the wrappers around it, and refuses the wrappers Egeria cannot work through, saying
 what to do instead.
+
+A model sharded with ``torch.distributed.fsdp.fully_shard`` (FSDP2) is no wrapper: the
+module keeps its place and its parameters' names, each parameter a ``DTensor`` shard with
+its own ``requires_grad``; :func:`fsdp2_in` tells the engine it is there
+(:mod:`egeria.distributed` says what changes). FSDP1 (``FullyShardedDataParallel``) is
+refused: it flattens a wrapped module's parameters into one ``FlatParameter`` whose
+``requires_grad`` must be uniform, so a frozen set that changes mid-run cannot apply.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
 
-__all__ = ["unwrap", "unwrap_optimizer", "ddp_of", "compiled_in"]
+__all__ = ["unwrap", "unwrap_optimizer", "ddp_of", "compiled_in", "fsdp2_in"]
 
 
 def _compiled_type() -> type | None:
@@ -23,22 +31,46 @@ def _compiled_type() -> type | None:
     return OptimizedModule
 
 
+def _fsdp_types() -> tuple[type | None, type | None]:
+    """FSDP2's ``FSDPModule`` and FSDP1's ``FullyShardedDataParallel``; None where this
+    torch lacks them, or where nothing imported FSDP yet (no model can be sharded then,
+    and the import is not cheap)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None)
+
+
+_FSDP1_REFUSAL = (
+    "Egeria cannot freeze through FullyShardedDataParallel (FSDP1): it flattens each wrapped module's parameters "
+    "into one FlatParameter whose requires_grad must be uniform, so a frozen set that changes during training "
+    "cannot apply; shard the model with torch.distributed.fsdp.fully_shard (FSDP2), which keeps requires_grad "
+    "per parameter, and pass it to Egeria as it is"
+)
+
+
+def fsdp2_in(model: nn.Module) -> bool:
+    """Whether ``model`` or any module inside it is sharded with ``fully_shard`` (FSDP2)."""
+    fsdp2, _ = _fsdp_types()
+    return fsdp2 is not None and any(isinstance(m, fsdp2) for m in model.modules())
+
+
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
     """The module inside ``model``'s wrappers, and the wrappers from the outside in.
 
     Seen through: ``DistributedDataParallel`` (``.module``) and ``torch.compile``'s
-    ``OptimizedModule`` (``._orig_mod``), nested in any order.
+    ``OptimizedModule`` (``._orig_mod``), nested in any order. A model sharded with
+    ``fully_shard`` (FSDP2) is returned as it is (:func:`fsdp2_in`).
 
     Raises:
-        ValueError: ``DataParallel`` or FSDP, whose forward runs on copies or shards of the
-            parameters Egeria would freeze.
+        ValueError: ``DataParallel``, whose forward runs on per-device copies of the
+            parameters Egeria would freeze, or FSDP1 (``FullyShardedDataParallel``, around
+            the model or inside it), whose flat parameters cannot freeze in part.
     """
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
     compiled = _compiled_type()
+    _, fsdp1 = _fsdp_types()
     wrappers: list[nn.Module] = []
     while True:
-        kind = type(model).__name__
         if isinstance(model, DistributedDataParallel):
             wrappers.append(model)
             model = model.module
@@ -50,11 +82,8 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
                 "Egeria cannot freeze through DataParallel (its forward runs on per-device copies of the model); "
                 "use DistributedDataParallel (torchrun) and pass the DDP model"
             )
-        elif kind in ("FullyShardedDataParallel", "FSDPModule") or kind.startswith("FSDP"):
-            raise ValueError(
-                f"Egeria cannot freeze through {kind}: its parameters are sharded across ranks, so a layer module's "
-                "weights are not whole on any rank; use DistributedDataParallel"
-            )
+        elif fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
+            raise ValueError(_FSDP1_REFUSAL)
         else:
             return model, wrappers
 

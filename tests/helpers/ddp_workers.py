@@ -23,12 +23,17 @@ from tiny import Chain, batches, quick_config
 
 def run(rank: int, world: int, init_file: str, out: str, worker_name: str) -> None:
     """Runs ``worker_name`` as rank ``rank``, then tears the process group down in step."""
+    launch(rank, world, init_file, out, globals()[worker_name])
+
+
+def launch(rank: int, world: int, init_file: str, out: str, worker) -> None:
+    """Runs ``worker(rank, world, out)`` as rank ``rank`` (the ``run`` of every worker module)."""
     err = open(os.path.join(out, f"rank{rank}.err"), "w")
     os.dup2(err.fileno(), 2)
     sys.stderr = err
     faulthandler.enable(err)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    globals()[worker_name](rank, world, out)
+    worker(rank, world, out)
     gc.collect()  # nothing of the run may keep the group alive into the interpreter's exit
     dist.barrier()
     dist.destroy_process_group()

@@ -95,6 +95,7 @@ class CacheLoading:
     model: nn.Module
     _cache: ActivationCache | None
     _compiled: bool
+    _fsdp2: bool
     _layers: RunLayers
     _own: OwnPasses
     _prefix: FrozenPrefix | None
@@ -139,12 +140,20 @@ class CacheLoading:
             that is not a pure function of the sample; a warning says why).
 
         Raises:
-            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``.
+            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``
+                or sharded with ``fully_shard``.
         """
         if self._compiled:
             raise ValueError(
                 "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
                 "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
+            )
+        if self._fsdp2:
+            raise ValueError(
+                "the activation cache is not built for FSDP2 (fully_shard): it decides per rank which batches skip "
+                "the frozen prefix (by each rank's samples and timings), and a skipped FSDP2 module skips its "
+                "all-gather, a collective every rank must join; train without cache_loader (the frozen prefix "
+                "already runs without autograd and leaves the reduce-scatter)"
             )
         wrapped, self._cache = attach_loader(
             loader,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checks import finite_count
 from ..decision import Decision
+from .dcp import TrainingState
 from .saved_state import check_saved_state, policy_state_spec, sealed
 from .serialization import read_state, write_state
 from .statecheck import check
@@ -44,8 +45,9 @@ class Checkpointing:
     """The checkpoint methods of :class:`~egeria.engine.Egeria`, which holds the state
     they save and restore (the attributes below) and provides ``_check_open()``,
     ``_bind()`` (the frozen prefix, binding the policy at the first call), ``_release()``
-    (unbinds the policy, lets go of the prefix) and ``_decides`` (whether this process
-    runs the policy: rank 0 alone under torchrun)."""
+    (unbinds the policy, lets go of the prefix), ``_decides`` (whether this process
+    runs the policy: rank 0 alone under torchrun) and ``_from_rank0`` (rank 0's value on
+    every rank)."""
 
     config: EgeriaConfig
     model: Any
@@ -85,6 +87,14 @@ class Checkpointing:
             # Under torchrun only rank 0 runs the policy; the other ranks' states lack it.
             "policy_state": self.policy.state_dict() if self._decides else None,
         })
+
+    def dcp_state(self) -> TrainingState:
+        """The model, the optimizer and Egeria as one ``Stateful`` for
+        ``torch.distributed.checkpoint``: ``dcp.save({"train": eg.dcp_state()}, ...)`` and
+        ``dcp.load({"train": eg.dcp_state()}, ...)`` on every rank (an FSDP2 model's
+        shards stay sharded). Loading keeps the frozen modules' optimizer state, which DCP
+        would drop if they were frozen then (:mod:`egeria.checkpoint.dcp`)."""
+        return TrainingState(self)  # type: ignore[arg-type]  # the engine is a Checkpointing
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Writes :meth:`state_dict` into ``directory`` as ``egeria.json`` (a few numbers

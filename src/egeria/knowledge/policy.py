@@ -96,6 +96,8 @@ class KnowledgeGuided:
     name = "egeria"
     #: EgeriaConfig.max_frozen_flops caps the modules it may freeze (:class:`~egeria.policies.PolicyView`).
     capped_by_config = True
+    #: It reads the model's weights and activations (refused under FSDP2: :class:`~egeria.policies.PolicyView`).
+    reads_model = True
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -41,6 +42,8 @@ class AutoFreeze:
     _sums: list[torch.Tensor] = field(default_factory=list, repr=False)
     _params: list[list[torch.Tensor]] = field(default_factory=list, repr=False)
     _handles: list = field(default_factory=list, repr=False)
+    #: It reads the model's gradient norms (refused under FSDP2: :class:`~egeria.policies.PolicyView`).
+    reads_model: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_int(self.interval, "AutoFreeze interval")

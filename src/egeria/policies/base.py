@@ -163,7 +163,10 @@ class PolicyView:
       evaluations, with ``modules()`` the number of layer modules, callable where ``known``
       (default None);
     * ``controller_stats() -> dict`` and ``history() -> list[dict]``: a controller's counts
-      and readings (default empty).
+      and readings (default empty);
+    * ``reads_model: bool``: it reads the model's weights or gradients (on rank 0 under
+      torchrun), so it cannot work on FSDP2's shards (default False: it decides from the
+      step, as the schedules do; :func:`egeria.distributed.check_fsdp2_policy`).
     """
 
     def __init__(self, policy: FreezePolicy) -> None:
@@ -176,6 +179,10 @@ class PolicyView:
     @property
     def capped_by_config(self) -> bool:
         return bool(getattr(self.policy, "capped_by_config", False))
+
+    @property
+    def reads_model(self) -> bool:
+        return bool(getattr(self.policy, "reads_model", False))
 
     @property
     def stage(self) -> str:

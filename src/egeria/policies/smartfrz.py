@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -83,6 +83,8 @@ class SmartFRZ:
     _samples: list[ModuleSample] = field(default_factory=list, repr=False)
     _windows: Windows | None = field(default=None, repr=False)
     _named: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    #: It reads the model's weight samples (refused under FSDP2: :class:`~egeria.policies.PolicyView`).
+    reads_model: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_int(self.window, "SmartFRZ window", minimum=2)

@@ -1,0 +1,218 @@
+"""Worker processes of the FSDP2 tests: 2 ranks over gloo on CPU, the model sharded with
+``fully_shard`` (not a test file).
+
+:func:`every_scenario` runs them all in one start of the ranks (starting them costs more
+than the runs on a busy machine: each imports torch) and writes what each saw to
+``<out>/<scenario>-rank<R>.pt``; the tests compare the ranks. :func:`run` starts it as
+:func:`ddp_workers.launch` does for DDP."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+import egeria
+from ddp_workers import launch
+from egeria.policies import StatelessPolicy
+from tiny import Chain, batches
+
+CLASSES = 4  # every parameter's first dimension splits evenly over 2 ranks: no padding in the byte counts
+
+
+def run(rank: int, world: int, init_file: str, out: str, worker_name: str) -> None:
+    """Runs ``worker_name`` of this module as rank ``rank``, one thread each (two ranks
+    that share a busy machine's cores spin less so)."""
+    torch.set_num_threads(1)
+    launch(rank, world, init_file, out, globals()[worker_name])
+
+
+class Scripted(StatelessPolicy):
+    """Freezes ``plan[step]`` leading modules from each listed step on (0 unfreezes)."""
+
+    name = "scripted"
+
+    def __init__(self, plan: dict[int, int]) -> None:
+        self.plan = plan
+
+    def target(self, info):
+        return self.plan.get(info.step)
+
+
+#: Freeze the stem (Linear, then BatchNorm) after step 2, unfreeze after step 3, freeze
+#: three modules after step 4; the runs take :data:`STEPS` steps (few: on a busy 2-core
+#: machine each step of two niced ranks takes seconds).
+PLAN = {2: 2, 3: 0, 4: 3}
+STEPS = 5
+
+
+class Counted:
+    """Bytes FSDP2 reduce-scatters (gradients in) and all-gathers (parameters out) on this
+    rank, through its public custom-collective hooks."""
+
+    def __init__(self) -> None:
+        self.reduce_scattered = 0
+        self.all_gathered = 0
+        counter = self
+
+        class ReduceScatter(DefaultReduceScatter):
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+                counter.reduce_scattered += input_tensor.numel() * input_tensor.element_size()
+                return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+        class AllGather(DefaultAllGather):
+            def __call__(self, output_tensor, input_tensor, group, async_op=False):
+                counter.all_gathered += output_tensor.numel() * output_tensor.element_size()
+                return super().__call__(output_tensor, input_tensor, group, async_op)
+
+        self.reduce_scatter, self.all_gather = ReduceScatter(), AllGather()
+
+    def take(self) -> tuple[int, int]:
+        taken = (self.reduce_scattered, self.all_gathered)
+        self.reduce_scattered = self.all_gathered = 0
+        return taken
+
+
+def sharded_chain(seed: int, counted: Counted | None = None) -> Chain:
+    """The tests' Chain, sharded as FSDP2 users do: the stem and each block, then the root."""
+    torch.manual_seed(seed)
+    model = Chain(classes=CLASSES)
+    fully_shard(model.stem)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    if counted is not None:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(counted.reduce_scatter)
+                module.set_custom_all_gather(counted.all_gather)
+    return model
+
+
+def full(model) -> torch.Tensor:
+    """Every parameter whole (an all-gather of the shards; every rank must call it)."""
+    return torch.cat([p.full_tensor().flatten() for p in model.parameters()])
+
+
+def _step(model, opt, eg, x, y):
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return eg.step(loss)
+
+
+def _trainable_bytes(model) -> int:
+    """Bytes of the trainable parameters' whole gradients (what a reduce-scatter takes in)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def freeze_unfreeze(rank: int, world: int, out: str) -> dict:
+    """:data:`STEPS` steps under :data:`PLAN`, each rank its own data; per step: bytes reduce-scattered
+    and all-gathered, the trainable bytes, whether the stem's output needed autograd, the
+    stem's BatchNorm buffers; the frozen weights before and after their frozen steps."""
+    counted = Counted()
+    model = sharded_chain(0, counted)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+    stem_out: list[bool] = []
+    hook = model.stem.register_forward_hook(lambda m, a, o: stem_out.append(o.requires_grad))
+    record: dict = {"steps": [], "events": []}
+    frozen_at: dict[int, torch.Tensor] = {}
+    for step, (x, y) in enumerate(batches(STEPS, classes=CLASSES, seed=rank + 1), start=1):
+        trainable = _trainable_bytes(model)
+        decisions = _step(model, opt, eg, x, y)
+        rs, ag = counted.take()
+        bn = model.stem[1]
+        record["steps"].append({
+            "step": step, "reduce_scattered": rs, "all_gathered": ag, "trainable": trainable,
+            "stem_output_needed_grad": stem_out[-1], "frozen": list(eg.frozen),
+            "bn": torch.cat([bn.running_mean, bn.running_var]).clone(),
+        })
+        record["events"] += [d.to_dict() for d in decisions]
+        if step in (2, 3):  # the stem as it froze (step 2) and as it unfroze (step 3)
+            frozen_at[step] = torch.cat([p.full_tensor().flatten() for p in model.stem.parameters()])
+    hook.remove()
+    record["stem_unchanged_while_frozen"] = torch.equal(frozen_at[2], frozen_at[3])
+    record["weights"] = full(model)
+    record["all_parameters"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    eg.close()
+    return record
+
+
+def _resumable_run(rank: int, out: str, stop: int | None) -> dict:
+    """:data:`STEPS` AdamW steps under :data:`PLAN` (unfreezing at 3); with ``stop``, saved through DCP
+    after step ``stop`` and resumed into a fresh model, optimizer and Egeria."""
+    data = batches(STEPS, classes=CLASSES, seed=rank + 1)
+    model = sharded_chain(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+    record: dict = {}
+    start = 0
+    if stop is not None:
+        for x, y in data[:stop]:
+            _step(model, opt, eg, x, y)
+        record["frozen_at_save"] = list(eg.frozen)
+        dcp.save({"train": eg.dcp_state()}, checkpoint_id=f"{out}/dcp")
+        eg.close()
+        model = sharded_chain(100)  # other weights until the checkpoint loads
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+        dcp.load({"train": eg.dcp_state()}, checkpoint_id=f"{out}/dcp")
+        record["frozen_after_load"] = list(eg.frozen)
+        record["trainable_after_load"] = [n for n, p in model.named_parameters() if p.requires_grad]
+        start = stop
+    decisions = []
+    for x, y in data[start:]:
+        decisions += [d.to_dict() for d in _step(model, opt, eg, x, y)]
+    record["decisions"] = decisions
+    record["steps"] = eg.steps
+    record["weights"] = full(model)
+    eg.close()
+    return record
+
+
+def resume_equals_uninterrupted(rank: int, world: int, out: str) -> dict:
+    """The same run twice: uninterrupted, and saved after step 2 (as the stem froze) then
+    resumed; the unfreeze at step 3 and the freeze at step 4 come after the resume."""
+    return {"uninterrupted": _resumable_run(rank, out, None), "resumed": _resumable_run(rank, out, 2)}
+
+
+def refusals(rank: int, world: int, out: str) -> dict:
+    """What Egeria says to the policies that read the model and to the activation cache
+    under FSDP2."""
+    model = sharded_chain(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    said: dict = {}
+    for policy in ("egeria", "autofreeze", "smartfrz"):
+        try:
+            egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy=policy), total_steps=100).close()
+            said[policy] = None
+        except ValueError as err:
+            said[policy] = str(err)
+    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="linear"), total_steps=100)
+    try:
+        eg.cache_loader([])
+        said["cache"] = None
+    except ValueError as err:
+        said["cache"] = str(err)
+    eg.close()
+    return said
+
+
+SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, refusals)
+
+
+def every_scenario(rank: int, world: int, out: str) -> None:
+    """Every scenario in turn (a rank that fails stops the run: the test shows its stderr,
+    where each scenario's wall time is written for a reader of a slow run)."""
+    for scenario in SCENARIOS:
+        began = time.monotonic()
+        torch.save(scenario(rank, world, out), f"{out}/{scenario.__name__}-rank{rank}.pt")
+        print(f"{scenario.__name__}: {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)

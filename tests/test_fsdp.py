@@ -1,0 +1,108 @@
+"""Egeria over FSDP2 (``fully_shard``): 2 CPU ranks over gloo (torch.multiprocessing), one
+decision source, frozen parameters out of the reduce-scatter, a frozen prefix without
+autograd, rank 0's BatchNorm statistics in frozen modules, DCP resume; FSDP1 and the
+policies that read the model refused with what works."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import fsdp_workers
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> Callable[[str], list]:
+    """Runs every scenario of fsdp_workers on 2 ranks, once for this file (starting the
+    ranks is the slow part); gives each scenario's records, rank 0's first. A rank that
+    fails shows its standard error in every test's failure."""
+    out = tmp_path_factory.mktemp("fsdp")
+    world = 2
+    try:
+        mp.spawn(fsdp_workers.run, args=(world, str(out / "init"), str(out), "every_scenario"), nprocs=world, join=True)
+    except mp.ProcessExitedException.__mro__[1] as err:  # ProcessException: exited or raised
+        logs = {r: (out / f"rank{r}.err").read_text()[-4000:] for r in range(world) if (out / f"rank{r}.err").exists()}
+        failure = f"{err}\n" + "\n".join(f"--- rank {r} stderr:\n{text}" for r, text in logs.items())
+
+        def failed(scenario: str) -> list:
+            raise AssertionError(failure)
+
+        return failed
+    return lambda scenario: [torch.load(out / f"{scenario}-rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def test_fsdp2_freezes_and_unfreezes_on_every_rank_and_frozen_parameters_leave_the_reduce_scatter(ranks):
+    zero, one = ranks("freeze_unfreeze")
+    # One decision source: the same moves at the same steps on both ranks.
+    assert [(e["step"], e["action"], e["modules"]) for e in zero["events"]] == [
+        (e["step"], e["action"], e["modules"]) for e in one["events"]
+    ] == [(2, "freeze", ["stem.0", "stem.1..stem.2"]), (3, "unfreeze", ["stem.0", "stem.1..stem.2"]),
+          (4, "freeze", ["stem.0", "stem.1..stem.2", "blocks.0"])]
+    full = zero["all_parameters"]
+    for rank in (zero, one):
+        for s in rank["steps"]:
+            frozen_during = s["step"] in (3, 5)  # after a freeze, before the unfreeze
+            # A reduce-scatter takes in exactly the trainable parameters' gradients.
+            assert s["reduce_scattered"] == s["trainable"], s
+            assert (s["trainable"] < full) == frozen_during, s
+            # The frozen prefix ran without autograd (its output needs no gradient).
+            assert s["stem_output_needed_grad"] == (not frozen_during), s
+        assert rank["stem_unchanged_while_frozen"]
+    # With two FSDP units frozen (stem, blocks.0) a step gathers less: the front one is not
+    # gathered again for backward. FSDP2's backward prefetch still gathers the unit just
+    # before the first trainable one (with the stem alone frozen, no saving).
+    assert zero["steps"][4]["all_gathered"] < zero["steps"][1]["all_gathered"]
+    # Before the freeze each rank's BatchNorm statistics are its own data's; from the
+    # freeze on every rank holds rank 0's, and they stay put while frozen.
+    assert not torch.equal(zero["steps"][0]["bn"], one["steps"][0]["bn"])
+    for i in (1, 2):  # steps 2 and 3: frozen at the end of step 2
+        assert torch.equal(zero["steps"][i]["bn"], one["steps"][i]["bn"])
+        assert torch.equal(zero["steps"][i]["bn"], zero["steps"][1]["bn"])
+    assert torch.equal(zero["weights"], one["weights"])  # replicas' full parameters bit-identical
+
+
+def test_fsdp2_resumed_through_dcp_equals_the_uninterrupted_run_unfreeze_included(ranks):
+    for rank in ranks("resume_equals_uninterrupted"):
+        whole, resumed = rank["uninterrupted"], rank["resumed"]
+        assert resumed["frozen_at_save"] == resumed["frozen_after_load"] == ["stem.0", "stem.1..stem.2"]
+        assert not any(n.startswith("stem.") for n in resumed["trainable_after_load"])
+        # The unfreeze at step 3 and the freeze at step 4 come after the resume, as in the whole run.
+        assert [(d["step"], d["action"]) for d in resumed["decisions"]] == [(3, "unfreeze"), (4, "freeze")]
+        assert [(d["step"], d["action"]) for d in whole["decisions"]][-2:] == [(3, "unfreeze"), (4, "freeze")]
+        assert resumed["steps"] == whole["steps"] == 5
+        # Bit-identical: the frozen stem's AdamW moments survived the load, so its
+        # training after the unfreeze is the uninterrupted run's.
+        assert torch.equal(resumed["weights"], whole["weights"])
+
+
+def test_fsdp2_refuses_the_policies_that_read_the_model_and_the_cache_naming_what_works(ranks):
+    for said in ranks("refusals"):
+        for policy in ("egeria", "autofreeze", "smartfrz"):
+            assert said[policy] is not None, policy
+            assert f"the {policy!r} policy reads the model's weights or gradients" in said[policy]
+            assert "linear, static, freezeout, none" in said[policy]
+        assert said["cache"] is not None and "not built for FSDP2" in said["cache"]
+
+
+def test_fsdp1_is_refused_with_the_fix():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from egeria.wrappers import unwrap
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        with pytest.raises(ValueError, match=r"FullyShardedDataParallel \(FSDP1\).*fully_shard \(FSDP2\)"):
+            unwrap(FullyShardedDataParallel(model, device_id=torch.device("cpu")))
+        inner = nn.Sequential(FullyShardedDataParallel(nn.Linear(4, 4), device_id=torch.device("cpu")), nn.Linear(4, 2))
+        with pytest.raises(ValueError, match="FSDP1"):  # an FSDP1 unit inside a plain module
+            unwrap(inner)
+    finally:
+        dist.destroy_process_group()
