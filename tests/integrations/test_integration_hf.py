@@ -220,12 +220,28 @@ def test_parallel_modes_egeria_cannot_freeze_through_are_refused_up_front():
     state = SimpleNamespace(max_steps=4, global_step=0)
     with pytest.raises(NotImplementedError, match="DataParallel \\(n_gpu=2"):
         EgeriaCallback().on_train_begin(SimpleNamespace(world_size=1, n_gpu=2), state, None, model=gpt2())
-    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", deepspeed=None)
-    with pytest.raises(NotImplementedError, match="does not support fsdp \\(TrainingArguments.fsdp='full_shard'"):
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={"version": 1}, deepspeed=None)
+    with pytest.raises(NotImplementedError, match="does not support FSDP1 \\(TrainingArguments.fsdp='full_shard'.*use FSDP2"):
+        EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp=None, deepspeed="ds_config.json")
+    with pytest.raises(NotImplementedError, match="does not support deepspeed.*cannot change which parameters train"):
         EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
     args = SimpleNamespace(world_size=2, n_gpu=1, fsdp=None, deepspeed=None)  # no DDP around the model
     with pytest.raises(NotImplementedError, match="found 0"):
         EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
+
+
+def test_the_trainers_fsdp2_hands_egeria_the_model_itself_without_looking_for_ddp():
+    from types import SimpleNamespace
+
+    # fsdp_config without a version: FSDP2, transformers 5's default (accelerate shards in place).
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None)
+    model = gpt2()
+    callback = EgeriaCallback(egeria.EgeriaConfig(policy="linear"), log_signals=False)
+    callback.on_train_begin(args, SimpleNamespace(max_steps=4, global_step=0), None, model=model,
+                            optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert callback.egeria.wrapper is model and callback.egeria._ddp is None
+    callback.egeria.close()
 
 
 def test_the_integrations_package_imports_without_transformers(monkeypatch):

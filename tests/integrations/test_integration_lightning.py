@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("lightning.pytorch", reason="lightning is not installed (pip install egeria[lightning])")
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy  # noqa: E402
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy  # noqa: E402
 
 import egeria  # noqa: E402
 import lightning_tasks as lt  # noqa: E402
@@ -119,12 +119,14 @@ def test_ddp_two_ranks_stay_bit_identical_through_a_freeze_and_an_unfreeze(tmp_p
     assert torch.equal(zero["final"]["weights"], one["final"]["weights"])
 
 
-def test_strategies_that_shard_or_replace_parameters_are_refused_before_training():
+def test_strategies_that_shard_or_replace_parameters_are_refused_before_training_and_fsdp2_is_not():
     callback = EgeriaCallback()
-    for kind in (FSDPStrategy, DeepSpeedStrategy):
+    for kind, reason in ((FSDPStrategy, r"it wraps .*\(FSDP1\).*ModelParallelStrategy\(\) with fully_shard"),
+                         (DeepSpeedStrategy, "DeepSpeed cannot change which parameters train")):
         trainer = SimpleNamespace(strategy=object.__new__(kind))
-        with pytest.raises(NotImplementedError, match=f"does not support {kind.__name__}"):
+        with pytest.raises(NotImplementedError, match=f"does not support {kind.__name__}: {reason}"):
             callback.setup(trainer, None, "fit")
+    callback.setup(SimpleNamespace(strategy=object.__new__(ModelParallelStrategy)), None, "fit")  # FSDP2: accepted
 
 
 def test_the_network_must_be_named_when_it_is_not_the_only_child_with_parameters():

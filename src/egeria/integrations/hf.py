@@ -50,8 +50,15 @@ model) and gives Egeria both: rank 0 decides, every rank applies its moves at th
 and the wrapper is rebuilt in place at each freeze and unfreeze so frozen parameters leave
 the all-reduce (see :mod:`egeria.distributed`). Rank 0 writes Egeria's state into the
 checkpoint; on resume rank 0 alone finds and reads it and sends it to the other ranks, so
-every rank resumes the same frozen set even where only rank 0 sees the folder. Not supported: FSDP and DeepSpeed (they shard or replace parameters) and
-``DataParallel`` (several GPUs in one process); use a single process or DDP.
+every rank resumes the same frozen set even where only rank 0 sees the folder.
+
+Under the Trainer's FSDP2 (``TrainingArguments(fsdp=...)`` with ``fsdp_config`` version 2,
+the default of transformers 5: accelerate shards the model in place with ``fully_shard``)
+the callback hands Egeria the sharded model: frozen parameters leave the reduce-scatter
+(:mod:`egeria.distributed`), with a policy that decides from the step (``linear``,
+``static``, ``freezeout``). Refused up front, with the reason: FSDP1 (``fsdp_config``
+version 1: flat parameters cannot freeze in part), DeepSpeed (it cannot change which
+parameters train after it starts) and ``DataParallel`` (several GPUs in one process).
 """
 
 from __future__ import annotations
@@ -137,7 +144,9 @@ class EgeriaCallback(TrainerCallback):
         if self.egeria is not None:  # an earlier train() call
             self.egeria.close()
         model = kwargs["model"]
-        trained = _trainer_ddp(model) if getattr(args, "world_size", 1) > 1 else model
+        # Under FSDP2 the model is sharded in place (no wrapper); under DDP the Trainer's wrapper is found.
+        distributed = getattr(args, "world_size", 1) > 1 and _fsdp_version(args) is None
+        trained = _trainer_ddp(model) if distributed else model
         self.egeria = Egeria(
             trained,
             kwargs["optimizer"],  # Egeria finds the torch optimizer inside accelerate's wrapper
@@ -229,12 +238,27 @@ def _check_parallelism(args: Any) -> None:
             f"EgeriaCallback does not support DataParallel (n_gpu={args.n_gpu} in one process): launch one "
             "process per GPU with torchrun (DDP), or use a single GPU"
         )
-    sharded = [name for name in ("fsdp", "deepspeed") if getattr(args, name, None)]
-    if sharded:
+    if getattr(args, "deepspeed", None):
         raise NotImplementedError(
-            f"EgeriaCallback does not support {sharded[0]} (TrainingArguments.{sharded[0]}={getattr(args, sharded[0])!r}): "
-            "it shards or replaces the parameters Egeria freezes; use DDP (torchrun without FSDP/DeepSpeed)"
+            f"EgeriaCallback does not support deepspeed (TrainingArguments.deepspeed={args.deepspeed!r}): DeepSpeed "
+            "cannot change which parameters train after it is initialised; use DDP (torchrun) or FSDP2 "
+            "(TrainingArguments.fsdp with fsdp_config version 2)"
         )
+    if _fsdp_version(args) == 1:
+        raise NotImplementedError(
+            f"EgeriaCallback does not support FSDP1 (TrainingArguments.fsdp={args.fsdp!r}, fsdp_config version 1): "
+            "it flattens parameters into FlatParameters whose requires_grad must be uniform, so a frozen set "
+            "cannot change mid-run; use FSDP2 (fsdp_config={'version': 2}, the default) or DDP"
+        )
+
+
+def _fsdp_version(args: Any) -> int | None:
+    """The FSDP version the Trainer shards with (accelerate's ``fsdp_version``; 2 unless
+    ``fsdp_config`` says otherwise), or None without FSDP."""
+    if not getattr(args, "fsdp", None):
+        return None
+    config = getattr(args, "fsdp_config", None) or {}
+    return int(config.get("version", 2))
 
 
 def _go_before_reporters(callback: EgeriaCallback) -> list[Any]:
@@ -248,7 +272,8 @@ def _go_before_reporters(callback: EgeriaCallback) -> list[Any]:
     kinds = tuple(INTEGRATION_TO_CALLBACK.values())
     with warnings.catch_warnings():  # isinstance on some live objects (torch's deprecated aliases) warns
         warnings.simplefilter("ignore")
-        handlers = [o for o in gc.get_objects() if isinstance(o, CallbackHandler) and callback in o.callbacks]
+        # type(o), not isinstance: isinstance asks a weakref proxy's dead referent and raises
+        handlers = [o for o in gc.get_objects() if issubclass(type(o), CallbackHandler) and callback in o.callbacks]
     if len(handlers) != 1:
         logger.warning("Egeria's scalars are not logged: found %d Trainers holding its callback, not one", len(handlers))
         return []
@@ -268,7 +293,9 @@ def _trainer_ddp(model: nn.Module) -> nn.Module:
     Raises:
         NotImplementedError: no DDP, or several, wrap the model.
     """
-    found = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel) and o.module is model]
+    # type(o), not isinstance: isinstance asks a weakref proxy's dead referent and raises
+    # ReferenceError (FSDP1 leaves such proxies among live objects)
+    found = [o for o in gc.get_objects() if issubclass(type(o), DistributedDataParallel) and o.module is model]
     if len(found) != 1:
         raise NotImplementedError(
             f"EgeriaCallback under several processes needs the Trainer's DistributedDataParallel around the model; "

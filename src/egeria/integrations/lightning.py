@@ -20,7 +20,8 @@ Usage (``pip install egeria[lightning]``)::
 
 Where each piece runs, in Lightning's hooks::
 
-    setup("fit")           refuses strategies Egeria cannot freeze through (FSDP, DeepSpeed, XLA)
+    setup("fit")           refuses strategies Egeria cannot freeze through (FSDPStrategy, which is
+                           FSDP1, DeepSpeed, XLA)
     on_train_start         Egeria(trainer.strategy.model, trainer.optimizers[0], module=net,
                            total_steps=trainer.estimated_stepping_batches, lr_scheduler=...);
                            a checkpoint's Egeria state is applied here, after Lightning
@@ -40,6 +41,11 @@ bug of Lightning's ``BackboneFinetuning`` under DDP, Lightning issue 20340, does
 arise). Under DDP rank 0 decides and every rank applies its moves at the same step; the
 checkpoint holds rank 0's state; on resume rank 0 decides whether to load it and sends
 what it loaded to every rank, so the ranks never resume different frozen sets.
+
+Under ``ModelParallelStrategy`` (FSDP2: ``fully_shard`` applied in ``configure_model``)
+Egeria freezes through the shards (:mod:`egeria.distributed`; no wrapper to rebuild), with
+a policy that decides from the step (``linear``, ``static``, ``freezeout``); Lightning's
+``FSDPStrategy`` wraps with FSDP1 and is refused, as DeepSpeed is, with the reason.
 
 Signals: Egeria's scalars (:meth:`egeria.Egeria.metrics`, names under ``egeria/``) go to
 every logger of the Trainer through ``pl_module.log_dict`` at the steps Lightning logs
@@ -82,8 +88,28 @@ __all__ = ["EgeriaCallback"]
 
 logger = logging.getLogger(__name__)
 
-# Strategies that shard or replace the model's parameters (DeepSpeed and XLA subclass DDP).
-_UNSUPPORTED = ("FSDPStrategy", "DeepSpeedStrategy", "XLAStrategy", "SingleDeviceXLAStrategy", "ModelParallelStrategy")
+# Strategies that shard or replace the model's parameters in ways Egeria cannot freeze
+# (DeepSpeed and XLA subclass DDP), each with the reason. ModelParallelStrategy is FSDP2:
+# the user's configure_model calls fully_shard, which Egeria works through.
+_UNSUPPORTED = {
+    "FSDPStrategy": "it wraps the model in FullyShardedDataParallel (FSDP1), whose flat parameters need one "
+    "requires_grad each, so a frozen set cannot change mid-run; use strategy=ModelParallelStrategy() with "
+    "fully_shard (FSDP2) in configure_model, or strategy='ddp'",
+    "DeepSpeedStrategy": "DeepSpeed cannot change which parameters train after it is initialised; use strategy='ddp' "
+    "or ModelParallelStrategy with fully_shard",
+    "XLAStrategy": "Egeria freezes parameters of a model on CPU or CUDA devices; use strategy='ddp'",
+    "SingleDeviceXLAStrategy": "Egeria freezes parameters of a model on CPU or CUDA devices; use a single CPU or GPU",
+}
+
+
+def _model_parallel() -> type:
+    """Lightning's FSDP2 strategy (``ModelParallelStrategy``), or a stand-in class where
+    this Lightning lacks it."""
+    try:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+    except ImportError:
+        return type("NoModelParallelStrategy", (), {})
+    return ModelParallelStrategy
 
 
 class EgeriaCallback(pl.Callback):
@@ -143,12 +169,14 @@ class EgeriaCallback(pl.Callback):
         if stage != "fit":
             return
         strategy = trainer.strategy
-        kinds = {cls.__name__ for cls in type(strategy).__mro__}
-        if kinds & set(_UNSUPPORTED) or not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
-            raise NotImplementedError(
-                f"EgeriaCallback does not support {type(strategy).__name__}: Egeria freezes whole parameters of "
-                "a replicated model; use a single device or strategy='ddp' (or 'ddp_spawn')"
+        reason = next((_UNSUPPORTED[c.__name__] for c in type(strategy).__mro__ if c.__name__ in _UNSUPPORTED), None)
+        if reason is None and not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy, _model_parallel())):
+            reason = (
+                "Egeria freezes parameters of a replicated model or one sharded with fully_shard; use a single "
+                "device, strategy='ddp' (or 'ddp_spawn') or ModelParallelStrategy with fully_shard"
             )
+        if reason is not None:
+            raise NotImplementedError(f"EgeriaCallback does not support {type(strategy).__name__}: {reason}")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Builds Egeria over the strategy's model, then applies a checkpoint's state."""
