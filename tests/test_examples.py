@@ -33,3 +33,10 @@ def test_the_lightning_example_trains_and_resumes(tmp_path):
     pytest.importorskip("lightning")
     out = _run("lightning_fmnist.py", "--train", "512", "--epochs", "2", "--resume", "--out", str(tmp_path))
     assert "16 optimizer steps, Egeria counted 16" in out
+
+
+@pytest.mark.slow
+def test_the_fsdp2_example_trains_saves_through_dcp_and_resumes(tmp_path):
+    out = _run("fsdp2_lm.py", "--steps", "8", "--out", str(tmp_path))
+    assert "resumed at step 6 with ['embed..layers.0', 'layers.1'] frozen (saved: ['embed..layers.0', 'layers.1'])" in out
+    assert "ended at step 8" in out

@@ -21,11 +21,14 @@ same step, and frozen parameters out of DDP's all-reduce.
   only the parameters that received a gradient. So the same freeze as without FSDP
   (``requires_grad`` False, grad None, at the same step on every rank) takes frozen
   parameters out of the reduce-scatter, and a frozen prefix, whose input needs no
-  gradient, runs without autograd and is not gathered again for backward.
+  gradient, runs without autograd and is not gathered again for backward, except the
+  FSDP unit just before the first trainable one, which FSDP2's implicit backward prefetch
+  gathers anyway (no public switch; ``benchmarks/fsdp2_bytes.py`` counts it).
   :func:`check_fsdp2_policy` refuses the policies that read the model on rank 0 (no rank
   holds a layer module whole); :meth:`Ranks.share_buffers` gives every rank rank 0's
   buffers of the modules that freeze (FSDP2 replicates buffers but never synchronises
   them, and a frozen module's BatchNorm runs in eval mode on its running statistics).
+  See docs/decisions/027-fsdp2.md.
 """
 
 from __future__ import annotations
