@@ -70,16 +70,20 @@ def test_fsdp2_freezes_and_unfreezes_on_every_rank_and_frozen_parameters_leave_t
 
 def test_fsdp2_resumed_through_dcp_equals_the_uninterrupted_run_unfreeze_included(ranks):
     for rank in ranks("resume_equals_uninterrupted"):
-        whole, resumed = rank["uninterrupted"], rank["resumed"]
-        assert resumed["frozen_at_save"] == resumed["frozen_after_load"] == ["stem.0", "stem.1..stem.2"]
-        assert not any(n.startswith("stem.") for n in resumed["trainable_after_load"])
-        # The unfreeze at step 3 and the freeze at step 4 come after the resume, as in the whole run.
-        assert [(d["step"], d["action"]) for d in resumed["decisions"]] == [(3, "unfreeze"), (4, "freeze")]
-        assert [(d["step"], d["action"]) for d in whole["decisions"]][-2:] == [(3, "unfreeze"), (4, "freeze")]
-        assert resumed["steps"] == whole["steps"] == 5
-        # Bit-identical: the frozen stem's AdamW moments survived the load, so its
-        # training after the unfreeze is the uninterrupted run's.
-        assert torch.equal(resumed["weights"], whole["weights"])
+        whole = rank["uninterrupted"]
+        assert [(d["step"], d["action"]) for d in whole["decisions"]] == [(2, "freeze"), (3, "unfreeze"), (4, "freeze")]
+        for resumed in (rank["resumed"], rank["rolled_back"]):
+            assert resumed["frozen_at_save"] == resumed["frozen_after_load"] == ["stem.0", "stem.1..stem.2"]
+            assert not any(n.startswith("stem.") for n in resumed["trainable_after_load"])
+            # The unfreeze at step 3 and the freeze at step 4 come after the resume, as in the whole run.
+            assert [(d["step"], d["action"]) for d in resumed["decisions"]] == [(3, "unfreeze"), (4, "freeze")]
+            assert resumed["steps"] == whole["steps"] == 5
+            # Bit-identical: the frozen stem's AdamW moments survived the load, so its
+            # training after the unfreeze is the uninterrupted run's.
+            assert torch.equal(resumed["weights"], whole["weights"])
+        # The rollback loaded into a model whose stem was frozen again (with blocks.0): the
+        # optimizer state of every parameter loaded all the same.
+        assert rank["rolled_back"]["frozen_before_load"] == ["stem.0", "stem.1..stem.2", "blocks.0"]
 
 
 def test_fsdp2_refuses_the_policies_that_read_the_model_and_the_cache_naming_what_works(ranks):

@@ -146,9 +146,11 @@ def freeze_unfreeze(rank: int, world: int, out: str) -> dict:
     return record
 
 
-def _resumable_run(rank: int, out: str, stop: int | None) -> dict:
-    """:data:`STEPS` AdamW steps under :data:`PLAN` (unfreezing at 3); with ``stop``, saved through DCP
-    after step ``stop`` and resumed into a fresh model, optimizer and Egeria."""
+def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False) -> dict:
+    """:data:`STEPS` AdamW steps under :data:`PLAN` (unfreezing at 3); with ``stop``, saved
+    through DCP after step ``stop`` and resumed into a fresh model, optimizer and Egeria, or
+    with ``rollback`` into the same ones after two more steps (whose freeze holds the saved
+    frozen modules and more as the checkpoint loads)."""
     data = batches(STEPS, classes=CLASSES, seed=rank + 1)
     model = sharded_chain(0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
@@ -159,12 +161,18 @@ def _resumable_run(rank: int, out: str, stop: int | None) -> dict:
         for x, y in data[:stop]:
             _step(model, opt, eg, x, y)
         record["frozen_at_save"] = list(eg.frozen)
-        dcp.save({"train": eg.dcp_state()}, checkpoint_id=f"{out}/dcp")
-        eg.close()
-        model = sharded_chain(100)  # other weights until the checkpoint loads
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-        eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
-        dcp.load({"train": eg.dcp_state()}, checkpoint_id=f"{out}/dcp")
+        folder = f"{out}/dcp-{'rollback' if rollback else 'fresh'}"
+        dcp.save({"train": eg.dcp_state()}, checkpoint_id=folder)
+        if rollback:
+            for x, y in data[stop : stop + 2]:
+                _step(model, opt, eg, x, y)
+            record["frozen_before_load"] = list(eg.frozen)
+        else:
+            eg.close()
+            model = sharded_chain(100)  # other weights until the checkpoint loads
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+            eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+        dcp.load({"train": eg.dcp_state()}, checkpoint_id=folder)
         record["frozen_after_load"] = list(eg.frozen)
         record["trainable_after_load"] = [n for n, p in model.named_parameters() if p.requires_grad]
         start = stop
@@ -179,9 +187,11 @@ def _resumable_run(rank: int, out: str, stop: int | None) -> dict:
 
 
 def resume_equals_uninterrupted(rank: int, world: int, out: str) -> dict:
-    """The same run twice: uninterrupted, and saved after step 2 (as the stem froze) then
-    resumed; the unfreeze at step 3 and the freeze at step 4 come after the resume."""
-    return {"uninterrupted": _resumable_run(rank, out, None), "resumed": _resumable_run(rank, out, 2)}
+    """The same run three times: uninterrupted; saved after step 2 (as the stem froze) and
+    resumed afresh; saved there, trained to step 4 and rolled back into the same objects.
+    The unfreeze at step 3 and the freeze at step 4 come after the resume."""
+    return {"uninterrupted": _resumable_run(rank, out, None), "resumed": _resumable_run(rank, out, 2),
+            "rolled_back": _resumable_run(rank, out, 2, rollback=True)}
 
 
 def refusals(rank: int, world: int, out: str) -> dict:
