@@ -116,51 +116,6 @@ def test_a_users_own_policy_object():
     assert not policy.bound
 
 
-
-class _NamedMoves:
-    """Freezes the first module at step 3, naming it ``named``."""
-
-    name = "named-moves"
-
-    def __init__(self, named):
-        self.named = named
-
-    def bind(self, binding):
-        pass
-
-    def target(self, info):
-        return egeria.policies.Move(1, "named", modules=self.named) if info.step == 3 else None
-
-    def unbind(self):
-        pass
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
-def test_a_move_that_names_its_modules_is_recorded_with_those_names():
-    model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    eg = egeria.Egeria(model, opt, policy=_NamedMoves(("stem.0",)))
-    decisions = train(model, opt, eg, batches(4, seed=6))
-    assert [(d.step, d.action, d.modules) for d in decisions if d.action == "freeze"] == [(3, "freeze", ("stem.0",))]
-    assert eg.frozen == ["stem.0"]
-
-
-def test_a_move_whose_names_differ_from_what_its_count_adds_changes_nothing(caplog):
-    model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    eg = egeria.Egeria(model, opt, policy=_NamedMoves(("blocks.0",)))
-    with caplog.at_level("WARNING", logger="egeria.engine"):
-        decisions = train(model, opt, eg, batches(4, seed=6))
-    assert eg.frozen == [] and not [d for d in decisions if d.action == "freeze"]
-    assert "named-moves named ['blocks.0'] to freeze, but a move to 1 frozen modules from 0 adds ['stem.0']" in caplog.text
-    assert all(p.requires_grad for p in model.parameters())
-
-
 class _ProtocolOnly:
     """A policy with the FreezePolicy methods and nothing else."""
 
@@ -184,6 +139,38 @@ class _ProtocolOnly:
 
 class _Capped(_ProtocolOnly):
     capped_by_config = True
+
+
+class _NamedMoves(_ProtocolOnly):
+    """Freezes the first module at step 3, naming it ``named``."""
+
+    name = "named-moves"
+
+    def __init__(self, named):
+        self.named = named
+
+    def target(self, info):
+        return egeria.policies.Move(1, "named", modules=self.named) if info.step == 3 else None
+
+
+def test_a_move_that_names_its_modules_is_recorded_with_those_names():
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, policy=_NamedMoves(("stem.0",)))
+    decisions = train(model, opt, eg, batches(4, seed=6))
+    assert [(d.step, d.action, d.modules) for d in decisions if d.action == "freeze"] == [(3, "freeze", ("stem.0",))]
+    assert eg.frozen == ["stem.0"]
+
+
+def test_a_move_whose_names_differ_from_what_its_count_adds_changes_nothing(caplog):
+    model = Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eg = egeria.Egeria(model, opt, policy=_NamedMoves(("blocks.0",)))
+    with caplog.at_level("WARNING", logger="egeria.engine"):
+        decisions = train(model, opt, eg, batches(4, seed=6))
+    assert eg.frozen == [] and not [d for d in decisions if d.action == "freeze"]
+    assert "named-moves named ['blocks.0'] to freeze, but a move to 1 frozen modules from 0 adds ['stem.0']" in caplog.text
+    assert all(p.requires_grad for p in model.parameters())
 
 
 @pytest.mark.parametrize("policy, freezable", [(_ProtocolOnly, 6), (_Capped, 3)])
