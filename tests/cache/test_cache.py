@@ -15,20 +15,7 @@ from torch import nn
 import egeria
 from egeria.cache import Augmented
 from egeria.models import TransformerLM, next_token_loss
-from egeria.policies.base import StatelessPolicy
-from tiny import tiny_cnn
-
-
-class Schedule(StatelessPolicy):
-    """Freezes ``target`` leading modules from the given steps on: {step: count}."""
-
-    name = "schedule"
-
-    def __init__(self, plan: dict[int, int]) -> None:
-        self.plan = plan
-
-    def target(self, info):
-        return self.plan.get(info.step)
+from tiny import Plan, tiny_cnn
 
 
 def images(n: int = 96):
@@ -57,7 +44,7 @@ def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on
     torch.manual_seed(0)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    eg = egeria.Egeria(model, opt, policy=Schedule(plan))
+    eg = egeria.Egeria(model, opt, policy=Plan(plan))
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(5))
     if cache is not None:
         loader = eg.cache_loader(loader, **{"serve": "always", **cache})
@@ -225,7 +212,7 @@ def test_random_transforms_are_refused_and_augmented_data_is_cached(caplog):
             return x + 0.1 * torch.randn_like(x), y
 
     model = tiny_cnn()
-    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Schedule({}))
+    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Plan({}))
     loader = torch.utils.data.DataLoader(Noisy(images()), batch_size=16)
     with caplog.at_level(logging.WARNING, logger="egeria"):
         assert eg.cache_loader(loader) is loader
@@ -294,7 +281,7 @@ def test_serving_stops_where_reading_is_slower_than_computing(monkeypatch, caplo
 
 def test_bad_cache_options_name_the_value():
     model = tiny_cnn()
-    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Schedule({}))
+    eg = egeria.Egeria(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Plan({}))
     loader = torch.utils.data.DataLoader(images(), batch_size=16)
     with pytest.raises(ValueError, match="memory_limit=-1"):
         eg.cache_loader(loader, memory_limit=-1)

@@ -21,20 +21,7 @@ import torch.nn.functional as F
 
 import egeria
 from egeria.cache import store
-from egeria.policies.base import StatelessPolicy
-from tiny import tiny_cnn
-
-
-class Plan(StatelessPolicy):
-    """Freezes ``plan[step]`` leading modules at the given steps."""
-
-    name = "plan"
-
-    def __init__(self, plan: dict[int, int]) -> None:
-        self.plan = plan
-
-    def target(self, info):
-        return self.plan.get(info.step)
+from tiny import Plan, tiny_cnn
 
 
 KEEP: list = []  # alive until interpreter exit: nothing is collected before it

@@ -20,8 +20,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 
 import egeria
 from ddp_workers import launch
-from egeria.policies import StatelessPolicy
-from tiny import Chain, batches
+from tiny import Chain, Plan, batches
 
 CLASSES = 4  # every parameter's first dimension splits evenly over 2 ranks: no padding in the byte counts
 
@@ -31,18 +30,6 @@ def run(rank: int, world: int, init_file: str, out: str, worker_name: str) -> No
     that share a busy machine's cores spin less so)."""
     torch.set_num_threads(1)
     launch(rank, world, init_file, out, globals()[worker_name])
-
-
-class Scripted(StatelessPolicy):
-    """Freezes ``plan[step]`` leading modules from each listed step on (0 unfreezes)."""
-
-    name = "scripted"
-
-    def __init__(self, plan: dict[int, int]) -> None:
-        self.plan = plan
-
-    def target(self, info):
-        return self.plan.get(info.step)
 
 
 #: Freeze the stem (Linear, then BatchNorm) after step 2, unfreeze after step 3, freeze
@@ -120,7 +107,7 @@ def freeze_unfreeze(rank: int, world: int, out: str) -> dict:
     counted = Counted()
     model = sharded_chain(0, counted)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+    eg = egeria.Egeria(model, opt, policy=Plan(PLAN))
     stem_out: list[bool] = []
     hook = model.stem.register_forward_hook(lambda m, a, o: stem_out.append(o.requires_grad))
     record: dict = {"steps": [], "events": []}
@@ -154,7 +141,7 @@ def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False
     data = batches(STEPS, classes=CLASSES, seed=rank + 1)
     model = sharded_chain(0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-    eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+    eg = egeria.Egeria(model, opt, policy=Plan(PLAN))
     record: dict = {}
     start = 0
     if stop is not None:
@@ -171,7 +158,7 @@ def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False
             eg.close()
             model = sharded_chain(100)  # other weights until the checkpoint loads
             opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-            eg = egeria.Egeria(model, opt, policy=Scripted(PLAN))
+            eg = egeria.Egeria(model, opt, policy=Plan(PLAN))
         dcp.load({"train": eg.dcp_state()}, checkpoint_id=folder)
         record["frozen_after_load"] = list(eg.frozen)
         record["trainable_after_load"] = [n for n, p in model.named_parameters() if p.requires_grad]

@@ -13,6 +13,7 @@ from torch import nn
 
 import egeria
 from egeria.models import resnet
+from egeria.policies.base import StatelessPolicy
 
 
 class MLPBlock(nn.Module):
@@ -145,3 +146,16 @@ class Trapped(Chain):
 
             time.sleep(0.3)
         return super().forward(x)
+
+
+class Plan(StatelessPolicy):
+    """Freezes ``plan[step]`` leading modules from each listed step on (0 unfreezes): a
+    scripted policy for tests of the freezing mechanics."""
+
+    name = "plan"
+
+    def __init__(self, plan: dict[int, int]) -> None:
+        self.plan = plan
+
+    def target(self, info):
+        return self.plan.get(info.step)
