@@ -62,6 +62,37 @@ def test_word_order_is_balanced_fixed_and_shuffles_the_same_words():
     assert set(item) == {"input_ids", "attention_mask", "labels"} and item["input_ids"].shape == (12,)
 
 
+def test_word_order_labels_do_not_follow_a_training_seeds_epoch_order():
+    # A loader seeded with the run's seed draws an epoch as randperm(n) (the Trainer's sampler);
+    # labels drawn the same way from the same seed made a whole first epoch one class, then the other.
+    g = torch.Generator().manual_seed(3)
+    sentences = [torch.randint(4, 60, (12,), generator=g) for _ in range(2000)]
+    data = WordOrder(sentences, 16)
+    for seed in range(10):
+        first_half = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[: len(data) // 2]
+        assert 0.44 < float(data.labels[first_half].float().mean()) < 0.56, seed
+    aligned = WordOrder(sentences, 16, data_seed=0)  # what the first runs used
+    first_half = torch.randperm(len(aligned), generator=torch.Generator().manual_seed(0))[: len(aligned) // 2]
+    assert float(aligned.labels[first_half].float().mean()) == 1.0
+
+
+@needs_transformers
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_trainers_first_batches_mix_both_labels(tmp_path, seed):
+    from transformers import GPT2Config, GPT2ForSequenceClassification, Trainer, TrainingArguments
+
+    g = torch.Generator().manual_seed(4)
+    data = WordOrder([torch.randint(4, 60, (10,), generator=g) for _ in range(640)], 12)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=64, n_embd=8, n_layer=1, n_head=1, n_positions=12,
+                                                     pad_token_id=ps.PAD, num_labels=2))
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=32, seed=seed, data_seed=seed,
+                             use_cpu=True, report_to="none")
+    batches = iter(Trainer(model=model, args=args, train_dataset=data).get_train_dataloader())
+    for _ in range(5):
+        labels = next(batches)["labels"]
+        assert 0 < int(labels.sum()) < len(labels)
+
+
 def test_word_order_refusals_name_the_value():
     with pytest.raises(ValueError, match="length=3"):
         WordOrder([torch.tensor([5, 6])], 3)
