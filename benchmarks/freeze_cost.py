@@ -1,0 +1,140 @@
+"""What freezing the front costs in fine-tuning: the final held-out accuracy of ``gpt-ptb-order``
+(issue 28's suite, d) when the first ``count`` modules of its partition freeze at step
+``at`` (the ``static`` policy), against plain runs of the same seeds.
+
+It answers whether a rule *should* freeze a fine-tuned Transformer's front early, before asking
+why Egeria's does not: AutoFreeze reports 2x on BERT fine-tuning with 4 of 6 layers frozen
+early, and a 2.0x goal on (d) assumes the same is free here.
+
+The task is cut down so that an arm takes minutes on 2 cores: the first ``--limit`` training
+sentences (6,400: 200 steps an epoch), 3 epochs (600 steps), the Trainer's linear decay from
+1e-4 to 0, judged on all 7,000 held-out sentences at the end of each epoch. An arm is
+``policy:seed`` or ``static:seed:count:at``; each writes its run file under ``--runs``
+(``<tag>/cpu/gpt-ptb-order/<policy>-seed<seed>.json``, the format of ``egeria bench``), and an
+arm whose file is there is read, not run again.
+
+    .venv/bin/python benchmarks/freeze_cost.py none:0 none:1 static:0:4:150 static:1:4:150 \\
+        static:0:2:150 static:1:2:150 --runs /tmp/freeze-cost --init ~/.cache/egeria/ptb-gpt
+
+Prints the command, the machine and one row per arm (its final accuracy, the difference from the
+plain run of its seed, the training time and its ratio to that plain run's); writes them as JSON
+(default ``benchmarks/results/freeze_cost/gpt-ptb-order.json``) and a plot beside it. Times are
+from one machine but not taken in turns: read them as a rough size, the accuracies as the
+finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = "gpt-ptb-order"
+
+
+def parse_arm(text: str) -> tuple[str, int, dict]:
+    """``none:0`` -> ("none", 0, {}); ``static:0:4:150`` -> ("static", 0, {count: 4, at_step: 150}).
+
+    Raises:
+        ValueError: naming the arm that is neither form.
+    """
+    parts = text.split(":")
+    try:
+        if parts[0] == "static" and len(parts) == 4:
+            return "static", int(parts[1]), {"count": int(parts[2]), "at_step": int(parts[3])}
+        if parts[0] != "static" and len(parts) == 2:
+            return parts[0], int(parts[1]), {}
+    except ValueError:
+        pass
+    raise ValueError(f"arm {text!r}: write policy:seed (none:0) or static:seed:count:at (static:0:4:150)")
+
+
+def tag_of(policy: str, options: dict) -> str:
+    return f"static{options['count']}at{options['at_step']}" if policy == "static" else policy
+
+
+def run_arm(policy: str, seed: int, options: dict, *, runs: Path, init: str, limit: int, epochs: int) -> dict:
+    """The arm's run file, run first if it is not under ``runs``."""
+    out = runs / tag_of(policy, options)
+    path = out / "cpu" / TASK / f"{policy}-seed{seed}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from egeria.bench.trainer_run import run_trainer_bench
+
+    overrides = {"policy_options": options} if options else None
+    return run_trainer_bench(TASK, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit, records_per_epoch=1,
+                             init=init, overrides=overrides, heap="default")
+
+
+def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) -> dict:
+    final = run["final"]
+    out = {"arm": tag_of(policy, options), "seed": seed, "options": options, "final": final["metric"],
+           "wall_time_s": final["wall_time_s"], "frozen": run["records"][-1]["frozen"],
+           "curve": [[r["step"], r["metric"]] for r in run["records"]], "code": run.get("code")}
+    if plain is not None:
+        out["points_vs_plain"] = 100 * (final["metric"] - plain["final"]["metric"])
+        out["speedup_vs_plain"] = plain["final"]["wall_time_s"] / final["wall_time_s"]
+    return out
+
+
+def plot(rows: list[dict], target: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    arms = sorted({r["arm"] for r in rows}, key=lambda a: (a != "none", a))
+    for i, arm in enumerate(arms):
+        finals = [100 * r["final"] for r in rows if r["arm"] == arm]
+        ax.scatter([i] * len(finals), finals, color="tab:gray" if arm == "none" else "tab:blue")
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set_ylabel("final held-out accuracy (%)")
+    ax.set_title(f"{TASK}, 600 steps: freezing the first k modules at step s")
+    fig.tight_layout()
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from egeria.bench.machine import describe_machine
+    from egeria.bench.trainer_run import DEFAULT_INIT
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("arms", nargs="+", help="none:SEED or static:SEED:COUNT:AT")
+    p.add_argument("--runs", type=Path, required=True, help="where the arms' run files are kept")
+    p.add_argument("--init", default=str(DEFAULT_INIT), help="the pretrained model (scripts/pretrain_ptb_lm.py)")
+    p.add_argument("--limit", type=int, default=6400)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/freeze_cost/gpt-ptb-order.json")
+    args = p.parse_args(argv)
+    arms = [parse_arm(a) for a in args.arms]
+    command = "python benchmarks/freeze_cost.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    machine = describe_machine()
+    print(command)
+    print(f"machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}")
+    runs = {(policy, seed, json.dumps(options)): run_arm(policy, seed, options, runs=args.runs, init=args.init,
+                                                         limit=args.limit, epochs=args.epochs)
+            for policy, seed, options in arms}
+    rows = []
+    for (policy, seed, options), run in runs.items():
+        rows.append(row(policy, seed, json.loads(options), run, runs.get(("none", seed, "{}"))))
+    print(f"{'arm':<16}{'seed':>5}{'final':>9}{'points':>9}{'time s':>9}{'speedup':>9}  frozen")
+    for r in rows:
+        points = f"{r['points_vs_plain']:+.2f}" if "points_vs_plain" in r else "-"
+        speed = f"{r['speedup_vs_plain']:.2f}x" if "speedup_vs_plain" in r else "-"
+        print(f"{r['arm']:<16}{r['seed']:>5}{r['final']:>9.4f}{points:>9}{r['wall_time_s']:>9.1f}{speed:>9}  "
+              f"{', '.join(r['frozen']) or '-'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": command, "machine": machine, "task": TASK, "limit": args.limit,
+                                    "epochs": args.epochs, "rows": rows}, indent=1))
+    plot(rows, args.out.with_suffix(".png"))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
