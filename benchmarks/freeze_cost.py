@@ -116,12 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe_machine()
     print(command)
     print(f"machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}")
-    runs = {(policy, seed, json.dumps(options)): run_arm(policy, seed, options, runs=args.runs, init=args.init,
-                                                         limit=args.limit, epochs=args.epochs)
-            for policy, seed, options in arms}
-    rows = []
-    for (policy, seed, options), run in runs.items():
-        rows.append(row(policy, seed, json.loads(options), run, runs.get(("none", seed, "{}"))))
+    runs = [run_arm(policy, seed, options, runs=args.runs, init=args.init, limit=args.limit, epochs=args.epochs)
+            for policy, seed, options in arms]
+    plain = {seed: run for (policy, seed, _), run in zip(arms, runs) if policy == "none"}
+    rows = [row(policy, seed, options, run, plain.get(seed)) for (policy, seed, options), run in zip(arms, runs)]
     print(f"{'arm':<16}{'seed':>5}{'final':>9}{'points':>9}{'time s':>9}{'speedup':>9}  frozen")
     for r in rows:
         points = f"{r['points_vs_plain']:+.2f}" if "points_vs_plain" in r else "-"
