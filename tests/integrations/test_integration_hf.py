@@ -175,7 +175,7 @@ def test_bad_arguments_are_clear_errors():
         EgeriaCallback(total_steps=10, optimizer=None)
     with pytest.raises(ValueError, match=r"unknown arguments \['windw'\]"):
         EgeriaCallback(windw=3)
-    with pytest.raises(ValueError, match="log_signals=...\) must be True or False, got 'yes'"):
+    with pytest.raises(ValueError, match=r"log_signals=...\) must be True or False, got 'yes'"):
         EgeriaCallback(log_signals="yes")
 
 
@@ -231,17 +231,36 @@ def test_parallel_modes_egeria_cannot_freeze_through_are_refused_up_front():
         EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
 
 
-def test_the_trainers_fsdp2_hands_egeria_the_model_itself_without_looking_for_ddp():
+def test_the_callback_tells_fsdp2_from_ddp_by_the_model_not_by_the_trainers_arguments():
     from types import SimpleNamespace
 
-    # fsdp_config without a version: FSDP2, transformers 5's default (accelerate shards in place).
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    # fsdp_config without a version: FSDP2, transformers 5's default. On an accelerator,
+    # accelerate shards the model in place; on CPU it wraps the model in DDP whatever
+    # `fsdp` says. The callback must hand Egeria what the Trainer really built.
     args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None)
-    model = gpt2()
-    callback = EgeriaCallback(egeria.EgeriaConfig(policy="linear"), log_signals=False)
-    callback.on_train_begin(args, SimpleNamespace(max_steps=4, global_step=0), None, model=model,
-                            optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    assert callback.egeria.wrapper is model and callback.egeria._ddp is None
-    callback.egeria.close()
+    state = SimpleNamespace(max_steps=4, global_step=0)
+    config = egeria.EgeriaConfig(policy="linear")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = gpt2()
+        fully_shard(sharded)
+        callback = EgeriaCallback(config, log_signals=False)
+        callback.on_train_begin(args, state, None, model=sharded, optimizer=torch.optim.SGD(sharded.parameters(), lr=0.1))
+        assert callback.egeria.wrapper is sharded and callback.egeria._ddp is None
+        callback.egeria.close()
+
+        bare = gpt2()
+        ddp = DistributedDataParallel(bare)
+        callback = EgeriaCallback(config, log_signals=False)
+        callback.on_train_begin(args, state, None, model=bare, optimizer=torch.optim.SGD(bare.parameters(), lr=0.1))
+        assert callback.egeria._ddp is ddp
+        callback.egeria.close()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_the_integrations_package_imports_without_transformers(monkeypatch):

@@ -53,10 +53,12 @@ checkpoint; on resume rank 0 alone finds and reads it and sends it to the other 
 every rank resumes the same frozen set even where only rank 0 sees the folder.
 
 Under the Trainer's FSDP2 (``TrainingArguments(fsdp=...)`` with ``fsdp_config`` version 2,
-the default of transformers 5: accelerate shards the model in place with ``fully_shard``)
-the callback hands Egeria the sharded model: frozen parameters leave the reduce-scatter
-(:mod:`egeria.distributed`), with a policy that decides from the step (``linear``,
-``static``, ``freezeout``). Refused up front, with the reason: FSDP1 (``fsdp_config``
+the default of transformers 5, or an accelerate config that asks for it: accelerate shards
+the model in place with ``fully_shard``) the callback hands Egeria the sharded model. It
+tells FSDP2 from DDP by the model itself, not by the arguments: accelerate shards only on
+accelerators and wraps a CPU run in DDP whatever ``fsdp`` says. Under FSDP2 frozen
+parameters leave the reduce-scatter (:mod:`egeria.distributed`), with a policy that decides
+from the step (``linear``, ``static``, ``freezeout``). Refused up front, with the reason: FSDP1 (``fsdp_config``
 version 1: flat parameters cannot freeze in part), DeepSpeed (it cannot change which
 parameters train after it starts) and ``DataParallel`` (several GPUs in one process).
 """
@@ -78,6 +80,7 @@ from ..checkpoint.serialization import saved_steps
 from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..signals import PREFIX, decision_text
+from ..wrappers import fsdp2_in
 
 try:
     from transformers import TrainerCallback
@@ -145,7 +148,7 @@ class EgeriaCallback(TrainerCallback):
             self.egeria.close()
         model = kwargs["model"]
         # Under FSDP2 the model is sharded in place (no wrapper); under DDP the Trainer's wrapper is found.
-        distributed = getattr(args, "world_size", 1) > 1 and _fsdp_version(args) is None
+        distributed = getattr(args, "world_size", 1) > 1 and not fsdp2_in(model)
         trained = _trainer_ddp(model) if distributed else model
         self.egeria = Egeria(
             trained,
