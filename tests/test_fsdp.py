@@ -86,6 +86,36 @@ def test_fsdp2_resumed_through_dcp_equals_the_uninterrupted_run_unfreeze_include
         assert rank["rolled_back"]["frozen_before_load"] == ["stem.0", "stem.1..stem.2", "blocks.0"]
 
 
+def test_lightnings_fsdp2_strategy_freezes_on_every_rank_and_resumes_as_if_uninterrupted(ranks):
+    zero, one = ranks("lightning")
+    if "skipped" in zero:
+        pytest.skip(zero["skipped"])
+    stem, three = ["stem.0", "stem.1..stem.2"], ["stem.0", "stem.1..stem.2", "blocks.0"]
+
+    def moves(run):
+        return [(e["step"], e["action"], e["modules"]) for e in run["events"]]
+
+    for rank in (zero, one):
+        whole, saved, resumed = rank["uninterrupted"], rank["saved"], rank["resumed"]
+        assert [(s["step"], s["egeria_steps"], s["frozen"]) for s in whole["steps"]] == [
+            (1, 1, []), (2, 2, stem), (3, 3, []), (4, 4, three), (5, 5, three)]
+        # The stem did not move in the step it was frozen for (step 3), and moved in the others.
+        moved = [not torch.equal(a["stem"], b["stem"]) for a, b in zip(whole["steps"], whole["steps"][1:])]
+        assert moved == [True, False, True, False]
+        # Saved after step 4 with three modules frozen, resumed by a fresh Trainer: step 5
+        # trains with them frozen and ends where the uninterrupted run ended, bit for bit.
+        assert [s["frozen"] for s in saved["steps"]][-1] == three
+        assert [(s["step"], s["egeria_steps"], s["frozen"]) for s in resumed["steps"]] == [(5, 5, three)]
+        assert torch.equal(resumed["steps"][-1]["weights"], whole["steps"][-1]["weights"])
+        assert moves(resumed) == moves(whole) and resumed["global_step"] == whole["global_step"] == 5
+    # Every rank resumes rank 0's record of the decisions, reasons included.
+    assert zero["resumed"]["events"] == one["resumed"]["events"] == zero["uninterrupted"]["events"]
+    # One decision source, and replicas' full parameters bit-identical at every step.
+    assert moves(zero["uninterrupted"]) == moves(one["uninterrupted"])
+    for a, b in zip(zero["uninterrupted"]["steps"], one["uninterrupted"]["steps"], strict=True):
+        assert torch.equal(a["weights"], b["weights"])
+
+
 def test_fsdp2_refuses_the_policies_that_read_the_model_and_the_cache_naming_what_works(ranks):
     for said in ranks("refusals"):
         for policy in ("egeria", "autofreeze", "smartfrz"):

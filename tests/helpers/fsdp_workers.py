@@ -203,7 +203,81 @@ def refusals(rank: int, world: int, out: str) -> dict:
     return said
 
 
-SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, refusals)
+def _lightning_fit(rank: int, out: str, max_steps: int, *, ckpt_path: str | None = None,
+                   save_to: str | None = None) -> dict:
+    """``Trainer.fit`` under Lightning's FSDP2 strategy (``ModelParallelStrategy``, the model
+    sharded in ``configure_model``) with ``EgeriaCallback`` under :data:`PLAN`: one step per
+    epoch on this rank's fixed batch (epoch boundaries make resuming exact); per step the
+    frozen modules, every parameter whole and the stem's. ``ckpt_path`` resumes from a checkpoint;
+    ``save_to`` saves one at the end."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from egeria.integrations.lightning import EgeriaCallback
+
+    class Task(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = Chain(classes=CLASSES)
+
+        def configure_model(self) -> None:
+            mesh = self.device_mesh["data_parallel"]
+            for unit in (self.net.stem, *self.net.blocks, self.net):
+                fully_shard(unit, mesh=mesh)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    class Recorder(pl.Callback):
+        def __init__(self) -> None:
+            self.steps: list[dict] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            eg = egeria_callback.egeria
+            self.steps.append({"step": trainer.global_step, "egeria_steps": eg.steps, "frozen": list(eg.frozen),
+                               "weights": full(pl_module.net), "stem": full(pl_module.net.stem)})
+
+    egeria_callback, recorder = EgeriaCallback(policy=Plan(PLAN)), Recorder()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        callbacks=[egeria_callback, recorder], max_steps=max_steps, max_epochs=max_steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=out,
+    )
+    x, y = batches(1, classes=CLASSES, seed=1)[0]  # 16 samples: the sampler gives each rank its 8
+    trainer.fit(Task(), DataLoader(TensorDataset(x, y), batch_size=8), ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    events = [e.to_dict() for e in egeria_callback.egeria.events] if egeria_callback.egeria else []
+    return {"steps": recorder.steps, "events": events, "global_step": trainer.global_step}
+
+
+def lightning(rank: int, world: int, out: str) -> dict:
+    """The Lightning callback under its FSDP2 strategy, in a real ``Trainer.fit`` on the ranks
+    already started (Lightning takes them for torchrun's, through the variables torchrun
+    sets, and finds the process group up): the run uninterrupted, and the same run saved
+    after step 4 (three modules frozen) and resumed by a fresh Trainer."""
+    try:
+        import lightning  # noqa: F401
+    except ImportError:
+        return {"skipped": "needs lightning (pip install egeria[lightning])"}
+    import os
+
+    os.environ.update(TORCHELASTIC_RUN_ID="egeria-tests", RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="29500")  # read only to start a process group, which is up already
+    folder = f"{out}/lightning-checkpoint"
+    return {"uninterrupted": _lightning_fit(rank, out, STEPS), "saved": _lightning_fit(rank, out, 4, save_to=folder),
+            "resumed": _lightning_fit(rank, out, STEPS, ckpt_path=folder)}
+
+
+SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, refusals, lightning)
 
 
 def every_scenario(rank: int, world: int, out: str) -> None:
