@@ -18,6 +18,11 @@ import fsdp_workers
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
 
+def _moves(run: dict) -> list[tuple]:
+    """A run's decisions as (step, action, modules), without their reasons."""
+    return [(e["step"], e["action"], e["modules"]) for e in run["events"]]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> Callable[[str], list]:
     """Runs every scenario of fsdp_workers on 2 ranks, once for this file (starting the
@@ -41,10 +46,9 @@ def ranks(tmp_path_factory) -> Callable[[str], list]:
 def test_fsdp2_freezes_and_unfreezes_on_every_rank_and_frozen_parameters_leave_the_reduce_scatter(ranks):
     zero, one = ranks("freeze_unfreeze")
     # One decision source: the same moves at the same steps on both ranks.
-    assert [(e["step"], e["action"], e["modules"]) for e in zero["events"]] == [
-        (e["step"], e["action"], e["modules"]) for e in one["events"]
-    ] == [(2, "freeze", ["stem.0", "stem.1..stem.2"]), (3, "unfreeze", ["stem.0", "stem.1..stem.2"]),
-          (4, "freeze", ["stem.0", "stem.1..stem.2", "blocks.0"])]
+    assert _moves(zero) == _moves(one) == [
+        (2, "freeze", ["stem.0", "stem.1..stem.2"]), (3, "unfreeze", ["stem.0", "stem.1..stem.2"]),
+        (4, "freeze", ["stem.0", "stem.1..stem.2", "blocks.0"])]
     full = zero["all_parameters"]
     for rank in (zero, one):
         for s in rank["steps"]:
@@ -91,10 +95,6 @@ def test_lightnings_fsdp2_strategy_freezes_on_every_rank_and_resumes_as_if_unint
     if "skipped" in zero:
         pytest.skip(zero["skipped"])
     stem, three = ["stem.0", "stem.1..stem.2"], ["stem.0", "stem.1..stem.2", "blocks.0"]
-
-    def moves(run):
-        return [(e["step"], e["action"], e["modules"]) for e in run["events"]]
-
     for rank in (zero, one):
         whole, saved, resumed = rank["uninterrupted"], rank["saved"], rank["resumed"]
         assert [(s["step"], s["egeria_steps"], s["frozen"]) for s in whole["steps"]] == [
@@ -107,11 +107,11 @@ def test_lightnings_fsdp2_strategy_freezes_on_every_rank_and_resumes_as_if_unint
         assert [s["frozen"] for s in saved["steps"]][-1] == three
         assert [(s["step"], s["egeria_steps"], s["frozen"]) for s in resumed["steps"]] == [(5, 5, three)]
         assert torch.equal(resumed["steps"][-1]["weights"], whole["steps"][-1]["weights"])
-        assert moves(resumed) == moves(whole) and resumed["global_step"] == whole["global_step"] == 5
+        assert _moves(resumed) == _moves(whole) and resumed["global_step"] == whole["global_step"] == 5
     # Every rank resumes rank 0's record of the decisions, reasons included.
     assert zero["resumed"]["events"] == one["resumed"]["events"] == zero["uninterrupted"]["events"]
     # One decision source, and replicas' full parameters bit-identical at every step.
-    assert moves(zero["uninterrupted"]) == moves(one["uninterrupted"])
+    assert _moves(zero["uninterrupted"]) == _moves(one["uninterrupted"])
     for a, b in zip(zero["uninterrupted"]["steps"], one["uninterrupted"]["steps"], strict=True):
         assert torch.equal(a["weights"], b["weights"])
 

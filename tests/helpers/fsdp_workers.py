@@ -8,6 +8,7 @@ than the runs on a busy machine: each imports torch) and writes what each saw to
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -254,7 +255,7 @@ def _lightning_fit(rank: int, out: str, max_steps: int, *, ckpt_path: str | None
     trainer.fit(Task(), DataLoader(TensorDataset(x, y), batch_size=8), ckpt_path=ckpt_path)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
-    events = [e.to_dict() for e in egeria_callback.egeria.events] if egeria_callback.egeria else []
+    events = [e.to_dict() for e in egeria_callback.egeria.events]
     return {"steps": recorder.steps, "events": events, "global_step": trainer.global_step}
 
 
@@ -267,8 +268,6 @@ def lightning(rank: int, world: int, out: str) -> dict:
         import lightning  # noqa: F401
     except ImportError:
         return {"skipped": "needs lightning (pip install egeria[lightning])"}
-    import os
-
     os.environ.update(TORCHELASTIC_RUN_ID="egeria-tests", RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29500")  # read only to start a process group, which is up already

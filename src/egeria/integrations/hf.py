@@ -58,9 +58,10 @@ the model in place with ``fully_shard``) the callback hands Egeria the sharded m
 tells FSDP2 from DDP by the model itself, not by the arguments: accelerate shards only on
 accelerators and wraps a CPU run in DDP whatever ``fsdp`` says. Under FSDP2 frozen
 parameters leave the reduce-scatter (:mod:`egeria.distributed`), with a policy that decides
-from the step (``linear``, ``static``, ``freezeout``). Refused up front, with the reason: FSDP1 (``fsdp_config``
-version 1: flat parameters cannot freeze in part), DeepSpeed (it cannot change which
-parameters train after it starts) and ``DataParallel`` (several GPUs in one process).
+from the step (``linear``, ``static``, ``freezeout``). Refused up front, with the reason:
+FSDP1 (``fsdp_config`` version 1: flat parameters cannot freeze in part), DeepSpeed (it
+cannot change which parameters train after it starts) and ``DataParallel`` (several GPUs in
+one process).
 """
 
 from __future__ import annotations
