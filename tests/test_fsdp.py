@@ -1,6 +1,7 @@
 """Egeria over FSDP2 (``fully_shard``): 2 CPU ranks over gloo (torch.multiprocessing), one
 decision source, frozen parameters out of the reduce-scatter, a frozen prefix without
-autograd, rank 0's BatchNorm statistics in frozen modules, DCP resume; FSDP1 and the
+autograd, rank 0's BatchNorm statistics in frozen modules, DCP resume, Egeria's rule on
+gathered weights, the activation cache served where every rank can; FSDP1 and the other
 policies that read the model refused with what works."""
 
 from __future__ import annotations
@@ -116,13 +117,55 @@ def test_lightnings_fsdp2_strategy_freezes_on_every_rank_and_resumes_as_if_unint
         assert torch.equal(a["weights"], b["weights"])
 
 
-def test_fsdp2_refuses_the_policies_that_read_the_model_and_the_cache_naming_what_works(ranks):
+def test_egerias_rule_under_fsdp2_reads_and_decides_as_under_ddp_and_resumes_through_dcp(ranks):
+    zero, one = ranks("egeria_rule")
+    freezes = [(s, a, m) for s, a, m in _moves(zero["fsdp2"]) if a == "freeze"]
+    # The rule froze by its readings, before and after the resume's step.
+    assert [s for s, _, _ in freezes] and freezes[0][0] < fsdp_workers.RULE_SAVE_AT < freezes[-1][0], freezes
+    # Rank 0 read the whole weights: the same readings, bit for bit, and the same moves as
+    # the same training under DDP, whose ranks hold the whole model.
+    assert zero["fsdp2"]["history"] == zero["ddp"]["history"] and zero["fsdp2"]["history"]
+    assert _moves(zero["fsdp2"]) == _moves(zero["ddp"])
+    for a, b in zip(zero["fsdp2"]["weights"], zero["ddp"]["weights"], strict=True):
+        assert torch.equal(a, b)
+    # One decision source (the "guided" event is rank 0's policy's own), replicas bit-identical.
+    assert [m for m in _moves(one["fsdp2"]) if m[1] != "guided"] == [m for m in _moves(zero["fsdp2"]) if m[1] != "guided"]
+    for a, b in zip(zero["fsdp2"]["weights"], one["fsdp2"]["weights"], strict=True):
+        assert torch.equal(a, b)
+    # Saved through DCP and resumed into a fresh model: the rule's state (reference,
+    # watches) came back, and the run goes on as the uninterrupted one, readings included.
+    for rank in (zero, one):
+        assert rank["resumed"]["frozen_after_load"] == ["stem.0"]
+        assert _moves(rank["resumed"]) == _moves(rank["fsdp2"])
+        for a, b in zip(rank["resumed"]["weights"], rank["fsdp2"]["weights"], strict=True):
+            assert torch.equal(a, b)
+    assert zero["resumed"]["history"] == zero["fsdp2"]["history"]
+
+
+def test_the_activation_cache_under_fsdp2_serves_where_every_rank_can_and_skips_the_frozen_units_gathers(ranks):
+    zero, one = ranks("activation_cache")
+    # Served at steps 5, 7 and 8 on both ranks; at step 6 rank 1's batch held samples it
+    # had never seen, so rank 0 computed too, though it had the rows.
+    for rank in (zero, one):
+        assert [s["served"] for s in rank["cached"]["steps"]] == [0, 0, 0, 0, 1, 1, 2, 3]
+        for cached, plain in zip(rank["cached"]["steps"], rank["plain"]["steps"], strict=True):
+            # Cached forward == full forward: bit-identical weights to the run without the cache.
+            assert torch.equal(cached["weights"], plain["weights"])
+        gathered = [(c["all_gathered"], p["all_gathered"]) for c, p in zip(rank["cached"]["steps"], rank["plain"]["steps"])]
+        for step in (3, 4, 6):  # computed, recording: the same collectives as without the cache
+            assert gathered[step - 1][0] == gathered[step - 1][1]
+        for step in (7, 8):  # served: the frozen units (stem, blocks.0) were not gathered
+            assert gathered[step - 1][0] <= gathered[step - 1][1] - rank["cached"]["frozen_unit_bytes"], gathered
+    for a, b in zip(zero["cached"]["steps"], one["cached"]["steps"], strict=True):
+        assert torch.equal(a["weights"], b["weights"])
+
+
+def test_fsdp2_refuses_the_policies_that_read_the_model_on_their_own_naming_what_works(ranks):
     for said in ranks("refusals"):
-        for policy in ("egeria", "autofreeze", "smartfrz"):
+        for policy in ("autofreeze", "smartfrz"):
             assert said[policy] is not None, policy
             assert f"the {policy!r} policy reads the model's weights or gradients" in said[policy]
-            assert "linear, static, freezeout, none" in said[policy]
-        assert said["cache"] is not None and "not built for FSDP2" in said["cache"]
+            assert "egeria, linear, static, freezeout, none" in said[policy]
 
 
 def test_fsdp1_is_refused_with_the_fix():

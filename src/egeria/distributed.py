@@ -24,8 +24,10 @@ same step, and frozen parameters out of DDP's all-reduce.
   gradient, runs without autograd and is not gathered again for backward, except the
   FSDP unit just before the first trainable one, which FSDP2's implicit backward prefetch
   gathers anyway (no public switch; ``benchmarks/fsdp2_bytes.py`` counts it).
-  :func:`check_fsdp2_policy` refuses the policies that read the model on rank 0 (no rank
-  holds a layer module whole); :meth:`Ranks.share_buffers` gives every rank rank 0's
+  :class:`WholeWeights` gathers the whole weights for Egeria's rule (its reference and
+  readings) at the step boundaries where rank 0's rule reads them, every rank joining;
+  :func:`check_fsdp2_policy` refuses the other policies that read the model on rank 0 (no
+  rank holds a layer module whole); :meth:`Ranks.share_buffers` gives every rank rank 0's
   buffers of the modules that freeze (FSDP2 replicates buffers but never synchronises
   them, and a frozen module's BatchNorm runs in eval mode on its running statistics).
   See docs/decisions/027-fsdp2.md.
@@ -47,6 +49,7 @@ from .policies import Move
 __all__ = [
     "Ranks",
     "RanksDisagree",
+    "WholeWeights",
     "BOUNDARY_TIMEOUT_S",
     "FSDP2_POLICIES",
     "distributed_run",
@@ -168,6 +171,18 @@ class Ranks:
         self._collective(lambda: dist.broadcast_object_list(box, src=0, group=self.group), what, None)
         return box[0]
 
+    def flag_from_leader(self, flag: bool, what: str) -> bool:
+        """Rank 0's ``flag`` on every rank (one int64 broadcast over Egeria's CPU group)."""
+        box = torch.tensor([int(flag)], dtype=torch.int64)
+        self._collective(lambda: dist.broadcast(box, src=0, group=self.group), what, None)
+        return bool(box.item())
+
+    def all_true(self, flag: bool, what: str) -> bool:
+        """Whether ``flag`` is true on every rank (one int64 all-reduce over Egeria's CPU group)."""
+        box = torch.tensor([int(flag)], dtype=torch.int64)
+        self._collective(lambda: dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.group), what, None)
+        return bool(box.item())
+
     def share_buffers(self, buffers: list[torch.Tensor]) -> None:
         """Rank 0's values of ``buffers`` (plain tensors, on any device) on every rank, in
         place, in one broadcast over Egeria's CPU group. Every rank must call it with
@@ -217,30 +232,92 @@ def _digest(summary: dict[str, Any]) -> int:
     return int.from_bytes(hashlib.sha256(repr(sorted(summary.items())).encode()).digest()[:8], "big") >> 1
 
 
+class WholeWeights:
+    """The whole weights of a model sharded with ``fully_shard`` (FSDP2), for a policy
+    that reads them (Egeria's rule: its reference model and the weights each reading
+    compares with it).
+
+    Under FSDP2 each rank holds a shard of every parameter, and making one whole is an
+    all-gather every rank must join. So the weights are gathered only at agreed points:
+    at the step boundaries where rank 0's policy says it reads them
+    (``reads_weights_now()``, sent to every rank with :meth:`Ranks.flag_from_leader`),
+    always at the first one (the policy binds there and copies the model), and for
+    Egeria's checkpoints, which every rank saves and loads (DCP and Lightning call them
+    on every rank). Each tensor is gathered in turn and copied to the host on rank 0
+    (the others drop it at once), so no rank holds the whole model on its device.
+    Buffers (not sharded; FSDP2 never synchronises them) are rank 0's own. Rank 0 keeps
+    the last gathering until the next one: a controller replaced between readings builds
+    its reference from it.
+
+    Args:
+        model: the model (or the submodule Egeria freezes) as sharded.
+        ranks: the run's :class:`Ranks`; None for a one-process run.
+    """
+
+    def __init__(self, model: nn.Module, ranks: Ranks | None) -> None:
+        self.model = model
+        self.ranks = ranks
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def at_boundary(self, first: bool, wanted: bool) -> None:
+        """Every rank, at every step boundary, before the policy: gathers at the ``first``
+        boundary, and where rank 0's policy ``wanted`` the weights (the other ranks' value
+        is not read)."""
+        if self.ranks is not None:
+            wanted = self.ranks.flag_from_leader(wanted, "eg.step()")
+        if first or wanted:
+            self.gather()
+
+    def gather(self) -> None:
+        """Every rank at once: the whole state, on the host on rank 0."""
+        from torch.distributed.tensor import DTensor
+
+        keep = self.ranks is None or self.ranks.leader
+        state: dict[str, torch.Tensor] = {}
+        for key, value in self.model.state_dict().items():
+            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            if keep:
+                state[key] = whole.detach().to("cpu", copy=True)
+        self._state = state if keep else None
+
+    def read(self) -> dict[str, torch.Tensor]:
+        """The last gathering (rank 0).
+
+        Raises:
+            RuntimeError: on a rank that gathered nothing (another rank than 0, or before
+                the first step boundary).
+        """
+        if self._state is None:
+            raise RuntimeError(
+                "Egeria: the whole weights of this FSDP2 model were not gathered on this rank; Egeria's rule reads "
+                "them on rank 0 at the step boundaries and checkpoints every rank joins"
+            )
+        return self._state
+
+
 #: The policies that decide from the step alone (and a policy object of the user's), the
-#: ones that work under FSDP2 (:func:`check_fsdp2_policy`).
-FSDP2_POLICIES = ("linear", "static", "freezeout", "none")
+#: ones that work under FSDP2 (:func:`check_fsdp2_policy`) beside Egeria's rule.
+FSDP2_POLICIES = ("egeria", "linear", "static", "freezeout", "none")
 
 
-def check_fsdp2_policy(name: str, reads_model: bool) -> None:
-    """Refuses, under FSDP2, a policy that reads the model's weights or gradients on rank 0.
+def check_fsdp2_policy(name: str, reads_model: bool, gathers_weights: bool) -> None:
+    """Refuses, under FSDP2, a policy that reads the model's weights or gradients on rank 0
+    other than through gathered weights.
 
-    Egeria's rule compares a layer module's activations with a reference copy of its
-    weights, AutoFreeze reads gradient norms and SmartFRZ samples weights, all on rank 0
-    alone; under FSDP2 rank 0 holds a shard of each parameter. Gathering them would need
-    every rank inside rank 0's policy at the same moment (the policy runs on rank 0 only,
-    and Egeria's controller on a thread or process beside training), so these policies
-    are refused rather than fed a shard.
+    AutoFreeze reads gradient norms and SmartFRZ samples weights, on rank 0 alone, at
+    moments of their own; under FSDP2 rank 0 holds a shard of each parameter. They are
+    refused rather than fed a shard. Egeria's rule reads whole weights only at the step
+    boundaries it names, which every rank gathers (:class:`WholeWeights`).
 
     Raises:
         ValueError: naming the policy and the ones that work.
     """
-    if reads_model:
+    if reads_model and not gathers_weights:
         raise ValueError(
             f"the {name!r} policy reads the model's weights or gradients on rank 0, and under FSDP2 (fully_shard) "
-            "rank 0 holds only a shard of each parameter; under FSDP2 choose a policy that decides from the step: "
-            f"EgeriaConfig(policy=...) one of {', '.join(FSDP2_POLICIES)} (or a policy object of your own), or "
-            f"train with DistributedDataParallel to use {name!r}"
+            "rank 0 holds only a shard of each parameter; under FSDP2 choose EgeriaConfig(policy=...) one of "
+            f"{', '.join(FSDP2_POLICIES)} (or a policy object of your own), or train with DistributedDataParallel "
+            f"to use {name!r}"
         )
 
 

@@ -35,7 +35,7 @@ from .checkpoint.engine_state import Checkpointing
 from .checks import check_int, check_lr_schedule, check_optimizer, check_run_length, checked_loss, submodule_of
 from .config import EgeriaConfig
 from .decision import Decision
-from .distributed import Ranks, check_fsdp2_policy, distributed_run, rebuild_ddp
+from .distributed import Ranks, WholeWeights, check_fsdp2_policy, distributed_run, rebuild_ddp
 from .freezing import FrozenPrefix
 from .knowledge.mainguard import refuse_in_reimported_main
 from .knowledge.unfreezing import UnfreezeRule, current_lr
@@ -150,7 +150,7 @@ class Egeria(Checkpointing, CacheLoading):
         self.policy: FreezePolicy = policy_for(self.config, policy, unfreeze_rule)
         self._asks = PolicyView(self.policy)  # what the engine asks the policy beyond deciding
         if self._fsdp2:
-            check_fsdp2_policy(self.policy.name, self._asks.reads_model)
+            check_fsdp2_policy(self.policy.name, self._asks.reads_model, self._asks.gathers_weights)
         self._custom_unfreeze = unfreeze_rule is not None
         self.model = model
         self.optimizer = optimizer
@@ -163,6 +163,8 @@ class Egeria(Checkpointing, CacheLoading):
         blocks = find_blocks(model, self.config.modules)
         check_blocks(model, blocks)
         self._ranks = Ranks() if distributed_run() else None
+        # FSDP2 with Egeria's rule: the whole weights it reads, gathered by every rank (egeria.distributed)
+        self._whole = WholeWeights(model, self._ranks) if self._fsdp2 and self._asks.gathers_weights else None
         self._counter = OptimizerSteps(optimizer)
         self._prefix: FrozenPrefix | None = None
         self._bound = False
@@ -294,6 +296,8 @@ class Egeria(Checkpointing, CacheLoading):
             loss_value = output_loss
         if not self._bound:
             check_run_length(self._asks.requires_total_steps, self.total_steps)
+        if self._whole is not None:
+            self._whole.at_boundary(not self._bound, self._decides and self._asks.reads_weights_now())
         prefix = self._bind()
         self._planned = True  # the policy plans with total_steps from this step on
         self.steps += 1
@@ -368,6 +372,7 @@ class Egeria(Checkpointing, CacheLoading):
                     lr_schedule=lambda: self._schedule.schedule(
                         self.optimizer, self.total_steps, self._lr_at, final=self._planned
                     ),
+                    weights=None if self._whole is None else self._whole.read,
                 )
             )
             logger.info("Egeria: %d layer modules %s, policy %s", len(partition), partition.names, self.policy.name)

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["unwrap", "unwrap_optimizer", "ddp_of", "compiled_in", "fsdp2_in"]
+__all__ = ["unwrap", "unwrap_optimizer", "ddp_of", "compiled_in", "fsdp2_in", "fsdp2_units", "fsdp2_hook"]
 
 
 def _compiled_type() -> type | None:
@@ -51,6 +51,23 @@ def fsdp2_in(model: nn.Module) -> bool:
     """Whether ``model`` or any module inside it is sharded with ``fully_shard`` (FSDP2)."""
     fsdp2, _ = _fsdp_types()
     return fsdp2 is not None and any(isinstance(m, fsdp2) for m in model.modules())
+
+
+def fsdp2_units(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` sharded with ``fully_shard`` (each one unit FSDP2 gathers
+    and reshards at once), ``model`` itself included."""
+    fsdp2, _ = _fsdp_types()
+    return [] if fsdp2 is None else [m for m in model.modules() if isinstance(m, fsdp2)]
+
+
+def fsdp2_hook(hook: Any) -> bool:
+    """Whether ``hook`` (a value of a module's hook dicts) is FSDP2's: its units' forward
+    hooks (methods of their per-unit state), which gather and reshard the parameters, and
+    the state-dict hooks it puts on the modules inside them."""
+    target = getattr(hook, "hook", hook)  # a load-state-dict hook comes wrapped
+    owner = getattr(target, "__self__", target)
+    source = getattr(owner, "__module__", None) or type(owner).__module__
+    return source.startswith("torch.distributed.fsdp")
 
 
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:

@@ -21,7 +21,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 
 import egeria
 from ddp_workers import launch
-from tiny import Chain, Plan, batches
+from tiny import Chain, Plan, batches, quick_config
 
 CLASSES = 4  # every parameter's first dimension splits evenly over 2 ranks: no padding in the byte counts
 
@@ -182,25 +182,123 @@ def resume_equals_uninterrupted(rank: int, world: int, out: str) -> dict:
             "rolled_back": _resumable_run(rank, out, 2, rollback=True)}
 
 
+#: Egeria's rule decides its first freezes within this many steps of the tests' Chain on a
+#: batch seen again every step (SGD, lr 1e-4); a resumed run is saved after RULE_SAVE_AT.
+RULE_STEPS = 48
+RULE_SAVE_AT = 30
+
+
+def _rule_run(rank: int, out: str, layout: str, stop: int | None = None) -> dict:
+    """:data:`RULE_STEPS` steps of Egeria's rule (``quick_config``: a reading every step,
+    inline) on this rank's fixed batch, the model sharded with ``fully_shard`` or wrapped in
+    DDP (``layout``); with ``stop``, saved through DCP after step ``stop`` and resumed into
+    a fresh model, optimizer and Egeria. Per step every parameter whole; rank 0's readings."""
+    data = batches(1, classes=CLASSES, seed=rank + 1) * RULE_STEPS
+
+    def fresh(seed: int):
+        if layout == "fsdp2":
+            model = sharded_chain(seed)
+            trained = model
+        else:
+            torch.manual_seed(seed)
+            model = Chain(classes=CLASSES)
+            trained = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+        return model, trained, opt, egeria.Egeria(trained, opt, config=quick_config())
+
+    def whole(model) -> torch.Tensor:
+        return full(model) if layout == "fsdp2" else torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    model, trained, opt, eg = fresh(0)
+    record: dict = {"weights": [], "events": []}
+    for step, (x, y) in enumerate(data, start=1):
+        record["events"] += [d.to_dict() for d in _step(trained, opt, eg, x, y)]
+        record["weights"].append(whole(model))
+        if step == stop:
+            folder = f"{out}/dcp-rule"
+            dcp.save({"train": eg.dcp_state()}, checkpoint_id=folder)
+            eg.close()
+            model, trained, opt, eg = fresh(100)  # other weights until the checkpoint loads
+            dcp.load({"train": eg.dcp_state()}, checkpoint_id=folder)
+            record["frozen_after_load"] = list(eg.frozen)
+    record["history"] = eg.history
+    record["frozen"] = list(eg.frozen)
+    eg.close()
+    return record
+
+
+def egeria_rule(rank: int, world: int, out: str) -> dict:
+    """Egeria's own rule over FSDP2 against the same training under DDP (same initial
+    weights, each rank its own batch), and the FSDP2 run saved through DCP after
+    :data:`RULE_SAVE_AT` steps and resumed."""
+    return {"fsdp2": _rule_run(rank, out, "fsdp2"), "ddp": _rule_run(rank, out, "ddp"),
+            "resumed": _rule_run(rank, out, "fsdp2", stop=RULE_SAVE_AT)}
+
+
+#: The cache scenario: the stem and blocks.0 (two FSDP2 units) freeze after step 2.
+CACHE_PLAN = {2: 3}
+
+
+class EpochBatches:
+    """A batch sampler whose n-th epoch yields ``epochs[n]`` (the last one from then on)."""
+
+    def __init__(self, epochs: list[list[list[int]]]) -> None:
+        self.epochs, self.epoch = epochs, -1
+
+    def __iter__(self):
+        self.epoch += 1
+        return iter(self.epochs[min(self.epoch, len(self.epochs) - 1)])
+
+    def __len__(self) -> int:
+        return len(self.epochs[min(max(self.epoch, 0), len(self.epochs) - 1)])
+
+
+def _cache_run(rank: int, cached: bool) -> dict:
+    """Four epochs of two batches of 8 under :data:`CACHE_PLAN`, each rank its own 24
+    samples; rank 1's third epoch draws 8 samples it has never seen in its second batch,
+    rank 0's the same two batches every epoch. Per step: every parameter whole, the bytes
+    all-gathered, and the batches the cache served so far."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(rank + 1)
+    data = TensorDataset(torch.randn(24, 8, generator=g), torch.randint(0, CLASSES, (24,), generator=g))
+    usual = [list(range(8)), list(range(8, 16))]
+    epochs = [usual, usual, [list(range(8)), list(range(16, 24))] if rank == 1 else usual, usual]
+    loader = DataLoader(data, batch_sampler=EpochBatches(epochs))
+    counted = Counted()
+    model = sharded_chain(0, counted)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    eg = egeria.Egeria(model, opt, policy=Plan(CACHE_PLAN))
+    batches_in = eg.cache_loader(loader, serve="always", prefetch=0) if cached else loader
+    record: dict = {"steps": []}
+    for _ in range(len(epochs)):
+        for x, y in batches_in:
+            _step(model, opt, eg, x, y)
+            rs, ag = counted.take()
+            record["steps"].append({"weights": full(model), "all_gathered": ag,
+                                    "served": eg.cache_stats.get("served", 0), "frozen": list(eg.frozen)})
+            counted.take()  # full() gathered too
+    record["frozen_unit_bytes"] = sum(p.numel() * p.element_size() for u in (model.stem, model.blocks[0]) for p in u.parameters())
+    eg.close()
+    return record
+
+
+def activation_cache(rank: int, world: int, out: str) -> dict:
+    """The activation cache under FSDP2, against the same run without it."""
+    return {"cached": _cache_run(rank, True), "plain": _cache_run(rank, False)}
+
+
 def refusals(rank: int, world: int, out: str) -> dict:
-    """What Egeria says to the policies that read the model and to the activation cache
-    under FSDP2."""
+    """What Egeria says under FSDP2 to the policies that read the model on their own."""
     model = sharded_chain(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     said: dict = {}
-    for policy in ("egeria", "autofreeze", "smartfrz"):
+    for policy in ("autofreeze", "smartfrz"):
         try:
             egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy=policy), total_steps=100).close()
             said[policy] = None
         except ValueError as err:
             said[policy] = str(err)
-    eg = egeria.Egeria(model, opt, config=egeria.EgeriaConfig(policy="linear"), total_steps=100)
-    try:
-        eg.cache_loader([])
-        said["cache"] = None
-    except ValueError as err:
-        said["cache"] = str(err)
-    eg.close()
     return said
 
 
@@ -276,7 +374,7 @@ def lightning(rank: int, world: int, out: str) -> dict:
             "resumed": _lightning_fit(rank, out, STEPS, ckpt_path=folder)}
 
 
-SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, refusals, lightning)
+SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, egeria_rule, activation_cache, refusals, lightning)
 
 
 def every_scenario(rank: int, world: int, out: str) -> None:

@@ -17,6 +17,7 @@ from .loader import CachedLoader
 from .manager import ActivationCache
 
 if TYPE_CHECKING:
+    from ..distributed import Ranks
     from ..freezing import FrozenPrefix
     from ..layers import RunLayers
 
@@ -39,6 +40,7 @@ def attach_loader(
     storage_dtype: torch.dtype | None,
     prefetch: int,
     serve: str,
+    agree: Callable[[bool], bool] | None = None,
 ) -> tuple[Any, ActivationCache | None]:
     """Wraps ``loader`` so that its batches feed ``cache`` (created when None).
 
@@ -81,6 +83,7 @@ def attach_loader(
             serve=serve,
             internal=own.is_active,
             eval_forward=own.eval_forward,
+            agree=agree,
         )
         cache.set_frozen(frozen)
     wrapped.on_epoch, wrapped.on_batch = cache.on_epoch, cache.on_batch
@@ -96,6 +99,7 @@ class CacheLoading:
     _cache: ActivationCache | None
     _compiled: bool
     _fsdp2: bool
+    _ranks: Ranks | None
     _layers: RunLayers
     _own: OwnPasses
     _prefix: FrozenPrefix | None
@@ -140,21 +144,21 @@ class CacheLoading:
             that is not a pure function of the sample; a warning says why).
 
         Raises:
-            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``
-                or sharded with ``fully_shard``.
+            ValueError: for a bad limit, dtype or loader, or a model under ``torch.compile``.
+
+        Under FSDP2 (``fully_shard``) with several ranks every rank must wrap its loader: a
+        batch is served only where every rank has its rows (one small all-reduce per
+        training forward pass), and then the FSDP2 units wholly inside the frozen prefix are
+        not gathered.
         """
         if self._compiled:
             raise ValueError(
                 "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
                 "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
             )
-        if self._fsdp2:
-            raise ValueError(
-                "the activation cache is not built for FSDP2 (fully_shard): it decides per rank which batches skip "
-                "the frozen prefix (by each rank's samples and timings), and a skipped FSDP2 module skips its "
-                "all-gather, a collective every rank must join; train without cache_loader (the frozen prefix "
-                "already runs without autograd and leaves the reduce-scatter)"
-            )
+        # Under FSDP2 a batch is served only where every rank serves it: its frozen units'
+        # all-gathers are then skipped on every rank at once.
+        ranks = self._ranks if self._fsdp2 else None
         wrapped, self._cache = attach_loader(
             loader,
             self._cache,
@@ -168,5 +172,6 @@ class CacheLoading:
             storage_dtype=storage_dtype,
             prefetch=prefetch,
             serve=serve,
+            agree=None if ranks is None else lambda flag: ranks.all_true(flag, "a training forward pass"),
         )
         return wrapped

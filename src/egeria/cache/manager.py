@@ -23,6 +23,11 @@ a table on disk the free space of its folder (else the level computes, with one 
 drops every level. A corrupt row is recomputed; a failed write turns caching off with one
 warning. None of these change what the model computes.
 
+Under FSDP2 with several ranks a batch is served only where every rank can serve it (each
+rank holds the rows of its own samples), agreed by one small all-reduce per training forward
+pass; the FSDP2 units wholly inside the frozen prefix then skip their hooks, so their
+parameters are not gathered on any rank (docs/decisions/027-fsdp2.md).
+
 Disk tables go in ``directory`` (the system's temporary folder by default), logged once at
 INFO and shown by :meth:`ActivationCache.summary`; their files are unlinked as soon as they
 are open, so none outlives the process, however it ends (:mod:`egeria.cache.store`).
@@ -43,6 +48,7 @@ from torch import nn
 from ..hooks import mark
 from ..knowledge.device import HostCopy, Stopwatch, to_device, wait_for
 from ..partition import Partition
+from ..wrappers import fsdp2_units
 from .prefetch import Prefetcher
 from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
 from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table, disk_folder
@@ -70,6 +76,18 @@ class _Level:
         self.serve_s: list[float] = []  # forward passes served from the cache
         self.off: str | None = None  # why this level caches nothing
         self.handle: Any = None
+        self._units: list[nn.Module] | None = None
+
+    def units(self, model: nn.Module) -> list[nn.Module]:
+        """The FSDP2 units of ``model`` whose parameters all belong to the prefix's blocks
+        (a served batch does not gather them), found once."""
+        if self._units is None:
+            inside = {id(p) for b in self.blocks for p in model.get_submodule(b).parameters()}
+            self._units = [
+                u for u in fsdp2_units(model)
+                if u is not model and next(u.parameters(), None) is not None and all(id(p) in inside for p in u.parameters())
+            ]
+        return self._units
 
     def has(self, keys: list[int]) -> bool:
         return self.tables is not None and self.off is None and all(t.has(keys) for t in self.tables)
@@ -107,6 +125,11 @@ class ActivationCache:
         serve: "auto" (serve where it is faster than computing) or "always".
         internal: true while Egeria runs a forward pass of its own.
         eval_forward: a context for Egeria's own eval-mode, no-grad forward passes.
+        agree: under FSDP2 with several ranks, whether every rank says true (a collective
+            every rank joins at each training forward pass): a batch is served only where
+            every rank serves it, and then the FSDP2 units wholly inside the frozen prefix
+            are not gathered (their all-gathers are skipped on every rank at once). None:
+            each rank decides alone.
     """
 
     def __init__(
@@ -123,8 +146,10 @@ class ActivationCache:
         serve: str = "auto",
         internal: Callable[[], bool],
         eval_forward: Callable[[], ContextManager[None]],
+        agree: Callable[[bool], bool] | None = None,
     ) -> None:
         self.model = model
+        self._agree = agree
         self._partition = partition
         self.rows = rows
         self.memory_limit = memory_limit
@@ -188,7 +213,12 @@ class ActivationCache:
         self._recording = None
         self._timing = None
         keys, self._keys = self._keys, None
-        if keys is None or self._self_forward or self._internal() or not module.training or self.off or self.frozen == 0:
+        if keys is None or self._self_forward or self._internal() or not module.training or self.frozen == 0:
+            return  # the same on every rank
+        if self._agree is not None:
+            self._start_agreed(keys, args, kwargs)
+            return
+        if self.off:
             return
         level = self._level()
         if level is None or level.off is not None:
@@ -219,6 +249,44 @@ class ActivationCache:
         if not self._stubs:
             self._timing = (level, "compute", started)
         self._capture_specs(level, batch)
+
+    def _start_agreed(self, keys: list[int], args: tuple, kwargs: dict) -> None:
+        """A training forward pass under FSDP2 with several ranks: served only where every
+        rank has the batch's rows (and, the first time, every rank finds the model a chain
+        at the boundary), the prefix's FSDP2 units then not gathered; else computed (and
+        recorded) on every rank, never through an older level."""
+        level = None if self.off else self._level()
+        output = None
+        started = Stopwatch(_device(self.model))
+        if level is not None and level.off is None:
+            first = leaves((args, kwargs))
+            if not first or first[0].dim() == 0 or first[0].shape[0] != len(keys):
+                self._turn_off(f"the batch's first input does not have the {len(keys)} samples of its keys in dimension 0")
+            else:
+                self.stats["batches"] += 1
+                if level.has(keys) and level.serving is not False:
+                    output = self._cached(level, keys, args, kwargs, check=False)
+        if not self._agree(output is not None):
+            output = None
+        elif level.validated is None:  # every rank runs the same two forward passes
+            level.validated = self._agree(self._validate(level, args, kwargs, len(keys)))
+            if not level.validated and level.off is None:
+                level.off = f"the model is not a chain at {level.boundary} on another rank"
+                level.close()
+        if output is not None and level.validated:
+            self._stubs = install_stubs(
+                self.model, level.blocks, level.boundary, output, level.specs, len(keys), level.units(self.model)
+            )
+            self.stats["served"] += 1
+            self._timing = (level, "serve", started)
+            return
+        if level is None or level.off is not None or self.off:
+            return
+        self.stats["computed"] += 1
+        self._recording = (level, keys)
+        self._write_s = 0.0
+        self._timing = (level, "compute", started)
+        self._capture_specs(level, len(keys))
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._self_forward:
@@ -400,9 +468,10 @@ class ActivationCache:
         moved = [to_device(t.read(keys), device) for t in level.tables]
         return rebuild(level.template, [t for t, _ in moved]), [(t, e) for t, e in moved if e is not None]
 
-    def _cached(self, level: _Level, keys: list[int], args: tuple, kwargs: dict) -> Any:
+    def _cached(self, level: _Level, keys: list[int], args: tuple, kwargs: dict, check: bool = True) -> Any:
         """The level's output for ``keys`` (prefetched, or read now), after the level's
-        one-time checks; None when it must be computed instead."""
+        one-time checks (unless not ``check``: the caller runs them); None when it must be
+        computed instead."""
         found, arrival, error = (False, None, None)
         if self.prefetcher is not None:
             found, arrival, error = self.prefetcher.take(level, self.position)
@@ -425,7 +494,7 @@ class ActivationCache:
             for table in level.tables or []:
                 table.forget(keys)
             return None
-        if level.validated is None:
+        if level.validated is None and check:
             level.validated = self._validate(level, args, kwargs, len(keys))
             if not level.validated:
                 return None

@@ -6,7 +6,8 @@ the cached output, the other prefix blocks return zeros of the shape they return
 last computed (their results only feed the boundary block in a chain). Code of the
 model's own ``forward`` between blocks (activations, adding position embeddings, masks
 for later blocks) still runs. Whether the model really is a chain at the boundary is
-checked once per boundary by :func:`same_outputs`.
+checked once per boundary by :func:`same_outputs`. Under FSDP2 the units wholly inside the
+prefix also skip FSDP2's hooks for that call: their parameters are not gathered.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from ..nested import leaves, map_leaves, map_tensors
+from ..wrappers import fsdp2_hook
 
 __all__ = ["template_of", "Spec", "spec_of", "install_stubs", "remove_stubs", "stubbed", "leaves", "rebuild", "same_outputs"]
 
@@ -62,9 +64,13 @@ def rebuild(template: Any, tensors: Sequence[torch.Tensor]) -> Any:
     return map_leaves(template, lambda v: v is _SLOT, lambda slot: next(it))
 
 
-def install_stubs(model: nn.Module, blocks: Sequence[str], boundary: str, output: Any, specs: dict[str, Spec], batch: int) -> list[nn.Module]:
-    """Makes ``blocks`` of ``model`` skip their work, ``boundary`` returning ``output``;
-    returns the modules to hand to :func:`remove_stubs`."""
+def install_stubs(
+    model: nn.Module, blocks: Sequence[str], boundary: str, output: Any, specs: dict[str, Spec], batch: int,
+    silent: Sequence[nn.Module] = (),
+) -> list[nn.Module]:
+    """Makes ``blocks`` of ``model`` skip their work, ``boundary`` returning ``output``, and
+    the FSDP2 units ``silent`` (wholly inside ``blocks``) skip FSDP2's forward hooks, so
+    their parameters are not gathered; returns the modules to hand to :func:`remove_stubs`."""
     replaced: list[nn.Module] = []
     for name in blocks:
         module = model.get_submodule(name)
@@ -73,12 +79,27 @@ def install_stubs(model: nn.Module, blocks: Sequence[str], boundary: str, output
         else:
             module.forward = _returning(lambda spec=specs[name]: spec.zeros(batch))
         replaced.append(module)
+    for unit in silent:
+        # The hook dicts themselves are put back afterwards: FSDP2's handles refer to them.
+        unit.__dict__[_SILENCED] = (unit._forward_pre_hooks, unit._forward_hooks)
+        unit._forward_pre_hooks = type(unit._forward_pre_hooks)(
+            (k, h) for k, h in unit._forward_pre_hooks.items() if not fsdp2_hook(h)
+        )
+        unit._forward_hooks = type(unit._forward_hooks)((k, h) for k, h in unit._forward_hooks.items() if not fsdp2_hook(h))
+        replaced.append(unit)
     return replaced
 
 
 def remove_stubs(modules: Sequence[nn.Module]) -> None:
     for module in modules:
         module.__dict__.pop("forward", None)
+        hooks = module.__dict__.pop(_SILENCED, None)
+        if hooks is not None:
+            module._forward_pre_hooks, module._forward_hooks = hooks
+
+
+#: Where a silenced FSDP2 unit keeps its own forward hook dicts while a batch is served.
+_SILENCED = "_egeria_fsdp2_hooks"
 
 
 @contextlib.contextmanager

@@ -51,14 +51,32 @@ class TrainingState:
 
         eg = self.eg
         # Before the first forward pass there are no layer modules and no state to save:
-        # the entry is null then (the template dcp.load asks for in a resumed run).
-        mine = eg.state_dict() if eg._decides and eg._layers.known else None
-        state = eg._from_rank0(mine, "eg.dcp_state().state_dict()")
+        # the entry is null then (the template dcp.load asks for in a resumed run). Every
+        # rank makes its state (under FSDP2 Egeria's rule gathers the whole weights for
+        # it, a collective); rank 0's is the one kept.
+        mine = eg.state_dict() if eg._layers.known else None
+        state = eg._from_rank0(mine if eg._decides else None, "eg.dcp_state().state_dict()")
         return {
-            "model": get_model_state_dict(eg.wrapper),
+            "model": self._with_rank0_buffers(get_model_state_dict(eg.wrapper)),
             "optimizer": get_optimizer_state_dict(eg.wrapper, eg.optimizer),
             "egeria": json.dumps(state),
         }
+
+    def _with_rank0_buffers(self, model_state: dict[str, Any]) -> dict[str, Any]:
+        """``model_state`` with rank 0's values of the unsharded tensors (buffers) under
+        FSDP2, which never synchronises them: DCP saves one rank's copy of a tensor every
+        rank holds, whichever its plan gives it to, and a resume gives that copy to every
+        rank. Rank 0's, so a resumed rank 0 (which runs Egeria's rule, reading its own
+        BatchNorm statistics) goes on as if uninterrupted. The model's own buffers are kept."""
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        eg = self.eg
+        if not eg._fsdp2 or eg._ranks is None:
+            return model_state
+        copies = {k: v.clone() for k, v in model_state.items() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)}
+        eg._ranks.share_buffers(list(copies.values()))
+        return {**model_state, **copies}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Unfreezes, loads the model and the optimizer (every parameter's state, frozen

@@ -27,6 +27,7 @@ from .statecheck import check
 
 if TYPE_CHECKING:
     from ..config import EgeriaConfig
+    from ..distributed import WholeWeights
     from ..freezing import FrozenPrefix
     from ..layers import RunLayers
     from ..lr_schedule import ScheduleWatch
@@ -59,6 +60,7 @@ class Checkpointing:
     _schedule: ScheduleWatch
     _prefix: FrozenPrefix | None
     _counter: OptimizerSteps
+    _whole: WholeWeights | None
 
     def state_dict(self) -> dict:
         """Egeria's state as a JSON-safe dict.
@@ -68,10 +70,15 @@ class Checkpointing:
         snapshot tensors that differ from the model's current weights (those of the watched
         module, base64-encoded) and its int8 calibration, so it is larger than a few numbers.
 
+        Under FSDP2 with Egeria's rule every rank must call it (as DCP and Lightning do):
+        the rule's state is made from the whole weights, which every rank gathers.
+
         Raises:
             RuntimeError: after :meth:`close`.
         """
         self._check_open()
+        if self._whole is not None and self._layers.known:
+            self._whole.gather()
         prefix = self._bind()
         return sealed({
             "format": STATE_FORMAT,
@@ -125,10 +132,15 @@ class Checkpointing:
         range, the partition, the tensors' shapes and dtypes, the policy's state), so a
         state it refuses leaves this Egeria as it was.
 
+        Under FSDP2 with Egeria's rule every rank must call it (as for DDP): the reference
+        is rebuilt from the whole weights, which every rank gathers.
+
         Raises:
             ValueError: naming the field that does not fit this model or this format.
         """
         self._check_open()
+        if self._whole is not None:
+            self._whole.gather()
         flops = state.get("module_flops") if isinstance(state, dict) else None
         flops = flops if isinstance(flops, list) and all(finite_count(f) for f in flops) else None
         partition, context = check_saved_state(

@@ -58,7 +58,9 @@ the model in place with ``fully_shard``) the callback hands Egeria the sharded m
 tells FSDP2 from DDP by the model itself, not by the arguments: accelerate shards only on
 accelerators and wraps a CPU run in DDP whatever ``fsdp`` says. Under FSDP2 frozen
 parameters leave the reduce-scatter (:mod:`egeria.distributed`), with a policy that decides
-from the step (``linear``, ``static``, ``freezeout``). Refused up front, with the reason:
+from the step (``linear``, ``static``, ``freezeout``); Egeria's rule is refused there (the
+Trainer saves and resumes Egeria's state on rank 0 alone, and the rule's state is made from
+whole weights that every rank gathers). Refused up front, with the reason:
 FSDP1 (``fsdp_config`` version 1: flat parameters cannot freeze in part), DeepSpeed (it
 cannot change which parameters train after it starts) and ``DataParallel`` (several GPUs in
 one process).
@@ -160,6 +162,15 @@ class EgeriaCallback(TrainerCallback):
             total_steps=state.max_steps,
             **self.egeria_kwargs,
         )
+        if self.egeria._whole is not None:  # FSDP2 under a policy that reads whole weights
+            self.egeria.close()
+            self.egeria = None
+            raise ValueError(
+                "Egeria's rule under the Trainer's FSDP2 is not supported: the Trainer saves and resumes Egeria's "
+                "state on rank 0 alone, and under FSDP2 the rule's state is made from whole weights every rank must "
+                "gather; under the Trainer's FSDP2 choose EgeriaConfig(policy='linear', 'static' or 'freezeout'), or "
+                "train with Lightning's ModelParallelStrategy or a torchrun loop, where the rule works under FSDP2"
+            )
         if state.global_step > 0:
             self._resume(args, state)
         if self.log_signals:

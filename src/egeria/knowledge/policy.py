@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -96,7 +96,8 @@ class KnowledgeGuided:
     name = "egeria"
     #: EgeriaConfig.max_frozen_flops caps the modules it may freeze (:class:`~egeria.policies.PolicyView`).
     capped_by_config = True
-    #: It reads the model's weights and activations (refused under FSDP2: :class:`~egeria.policies.PolicyView`).
+    #: It reads the model's weights and activations; under FSDP2 the whole weights, which
+    #: the engine gathers where :meth:`reads_weights_now` says (:class:`~egeria.policies.PolicyView`).
     reads_model = True
 
     def __init__(
@@ -167,7 +168,7 @@ class KnowledgeGuided:
                 self.stage = "guided"
                 self._binding.event(Decision(info.step, "guided", (), "training loss settled"))
         with self.budget.spending():
-            evaluated = self.link.complete(self.stage == "guided", self._model.state_dict)
+            evaluated = self.link.complete(self.stage == "guided", self._weights)
             accepted = self.link.decisions(info.step, info.frozen, MAX_LAG_INTERVALS * n, self.window)
         if accepted:
             last = accepted[-1]
@@ -186,6 +187,11 @@ class KnowledgeGuided:
         self._keep_budget()
         self._arm(info.step, frozen, info.freezable)
         return move
+
+    def reads_weights_now(self) -> bool:
+        """Whether this step boundary reads the model's weights: an evaluation was captured
+        in this step's forward pass (it goes out with the weights after the update)."""
+        return self.link is not None and self.link.evaluation is not None
 
     def unbind(self) -> None:
         for handle in self._handles:
@@ -355,8 +361,9 @@ class KnowledgeGuided:
                 binding.step() + 1,
                 binding.frozen(),
                 lambda: _probe_copy((args, kwargs), self.config.probe_size, self._to_host),
-                self.stage == "guided",
-                self._model.state_dict,
+                # whole weights gathered at step boundaries only (FSDP2): the request goes then
+                self.stage == "guided" and binding.weights is None,
+                self._weights,
                 lambda: current_lr(binding.optimizer),
                 self._mass_ahead,
             )
@@ -398,10 +405,10 @@ class KnowledgeGuided:
 
     # -- the controller ---------------------------------------------------------------
 
-    @property
-    def _model(self) -> nn.Module:
+    def _weights(self) -> Mapping[str, torch.Tensor]:
+        """The model's whole state now (under FSDP2, as gathered at this step boundary)."""
         assert self._binding is not None
-        return self._binding.model
+        return self._binding.weights() if self._binding.weights is not None else self._binding.model.state_dict()
 
     @property
     def executor_kind(self) -> str:
@@ -429,7 +436,7 @@ class KnowledgeGuided:
         cpus = tuple(cfg.controller_cpus) if cfg.controller_cpus is not None else None
         return ControllerSpec(
             self._binding.partition,
-            float_snapshot(self._binding.model, self._home),
+            float_snapshot(self._binding.model, self._home, None if self._binding.weights is None else self._weights()),
             resolve_precision(cfg.reference_precision),
             rule=dataclasses.replace(self.rule_settings, window=self.window),
             refresh_every=1,  # after every reading: a reading measures the last n steps' drift
@@ -471,7 +478,7 @@ class KnowledgeGuided:
             "lr_at_freeze": self.lr_at_freeze,
             "freeze_step": self.freeze_step,
             "budget_checked": self.budget_checked,
-            "link": self.link.state_dict(self._model.state_dict(), self._binding.frozen()),
+            "link": self.link.state_dict(self._weights(), self._binding.frozen()),
         }
 
     def state_spec(self, context: SavedContext) -> Spec:
@@ -504,7 +511,7 @@ class KnowledgeGuided:
         self.lr_at_freeze = state["lr_at_freeze"]
         self.freeze_step = state["freeze_step"]
         self.budget_checked = bool(state["budget_checked"])
-        self.link.load_state_dict(state["link"], self._model.state_dict(), self._binding.frozen())
+        self.link.load_state_dict(state["link"], self._weights(), self._binding.frozen())
         if self.eval_interval is not None:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..hooks import is_marked
 from ..partition import Partition
+from ..wrappers import fsdp2_hook, fsdp2_units
 from .device import pack_to_host
 
 __all__ = ["float_snapshot", "ModuleKeys", "PackedState", "as_mapping"]
@@ -26,29 +27,74 @@ _HOOK_DICTS = (
     "_forward_hooks_with_kwargs",
     "_forward_pre_hooks_with_kwargs",
     "_forward_hooks_always_called",
+    "_state_dict_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
 )
 
 
-def float_snapshot(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
+#: How FSDP2 (torch's composable API) names the entries of its state in a module's __dict__.
+_FSDP_STATE_KEY = "__composable_api_state_key"
+
+
+def float_snapshot(
+    model: nn.Module, device: torch.device | str = "cpu", whole: Mapping[str, torch.Tensor] | None = None
+) -> nn.Module:
     """An fp32 eval-mode copy of ``model`` on ``device`` (the CPU by default) without
-    Egeria's own forward hooks."""
+    Egeria's own forward hooks.
+
+    A model sharded with ``fully_shard`` (FSDP2) is copied as plain modules of its own
+    classes, without FSDP2's hooks, its parameters and buffers taken from ``whole`` (its
+    whole state by ``state_dict`` key, :class:`egeria.distributed.WholeWeights`)."""
     memo: dict[int, Any] = {}
     for module in model.modules():
         for attr in _HOOK_DICTS:
             hooks = getattr(module, attr, None)
             if hooks:
-                memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if not is_marked(k))
+                memo[id(hooks)] = type(hooks)((k, v) for k, v in hooks.items() if not _foreign(k, v))
+    by_id = _whole_by_identity(model, whole)
     # Tensors go straight to ``device``: no second copy of the model on the training
     # device unless it is asked for.
     for p in model.parameters():
-        memo[id(p)] = nn.Parameter(_float_on(p, device), requires_grad=False)
+        memo[id(p)] = nn.Parameter(_float_on(by_id.get(id(p), p), device), requires_grad=False)
     for b in model.buffers():
-        memo[id(b)] = _float_on(b, device)
+        memo[id(b)] = _float_on(by_id.get(id(b), b), device)
+    _unsharded_modules(model, memo)
     snapshot = copy.deepcopy(model, memo).eval()
     for p in snapshot.parameters():
         p.requires_grad_(False)
         p.grad = None
     return snapshot
+
+
+def _foreign(key: int, hook: Any) -> bool:
+    """Egeria's own hooks and FSDP2's: not copied."""
+    return is_marked(key) or fsdp2_hook(hook)
+
+
+def _whole_by_identity(model: nn.Module, whole: Mapping[str, torch.Tensor] | None) -> dict[int, torch.Tensor]:
+    """``whole``'s tensors by the identity of the parameter or buffer they stand for;
+    raises where a sharded tensor has none."""
+    from torch.distributed.tensor import DTensor
+
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    found = {id(t): whole[name] for name, t in named if whole is not None and name in whole}
+    missing = [name for name, t in named if isinstance(t, DTensor) and id(t) not in found]
+    if missing:
+        raise ValueError(f"a copy of a sharded model needs its whole weights; none given for {missing[:3]}")
+    return found
+
+
+def _unsharded_modules(model: nn.Module, memo: dict[int, Any]) -> None:
+    """Puts into ``memo`` a copy of every FSDP2 unit of ``model`` as its own class (FSDP2
+    made it an instance of a subclass that refuses deepcopy), children first."""
+    for unit in reversed(fsdp2_units(model)):  # model.modules() order: a unit after its children
+        plain = next(c for c in type(unit).__mro__ if c.__module__.split(".")[:3] != ["torch", "distributed", "fsdp"])
+        copied = plain.__new__(plain)
+        memo[id(unit)] = copied
+        own = {k: v for k, v in unit.__dict__.items() if not k.startswith(_FSDP_STATE_KEY)}
+        copied.__dict__.update(copy.deepcopy(own, memo))
 
 
 def _float_on(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:

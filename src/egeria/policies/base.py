@@ -11,7 +11,7 @@ measured against.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
@@ -70,6 +70,11 @@ class Binding:
         lr_schedule: the run's learning rate at every optimizer step
             (:class:`egeria.lr_schedule.LRSchedule`, read once, at the first call that can
             answer), else None: not known yet, or unknowable (one warning says why).
+        weights: the model's whole state where ``model.state_dict()`` holds shards
+            (FSDP2): every rank gathers it at the step boundaries where the policy's
+            ``reads_weights_now()`` said so, before ``target``, and for checkpoints; rank 0
+            reads the last gathering (:class:`egeria.distributed.WholeWeights`). None:
+            read ``model.state_dict()``, at any time.
     """
 
     model: nn.Module
@@ -80,6 +85,7 @@ class Binding:
     own_pass: Callable[[], bool]
     event: Callable[[Decision], None]
     lr_schedule: Callable[[], LRSchedule | None] = lambda: None
+    weights: Callable[[], Mapping[str, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,11 @@ class PolicyView:
       and readings (default empty);
     * ``reads_model: bool``: it reads the model's weights or gradients (on rank 0 under
       torchrun), so it cannot work on FSDP2's shards (default False: it decides from the
-      step, as the schedules do; :func:`egeria.distributed.check_fsdp2_policy`).
+      step, as the schedules do; :func:`egeria.distributed.check_fsdp2_policy`), unless
+    * ``reads_weights_now() -> bool``: asked on rank 0 at each step boundary before
+      ``target``: whether the policy reads the whole weights at this boundary, through
+      :attr:`Binding.weights` (which the engine gathers then under FSDP2). A policy with it
+      reads the model only so, and works under FSDP2 (default: absent).
     """
 
     def __init__(self, policy: FreezePolicy) -> None:
@@ -183,6 +193,14 @@ class PolicyView:
     @property
     def reads_model(self) -> bool:
         return bool(getattr(self.policy, "reads_model", False))
+
+    @property
+    def gathers_weights(self) -> bool:
+        return callable(getattr(self.policy, "reads_weights_now", None))
+
+    def reads_weights_now(self) -> bool:
+        ask = getattr(self.policy, "reads_weights_now", None)
+        return ask is not None and bool(ask())
 
     @property
     def stage(self) -> str:
