@@ -19,19 +19,7 @@ import json
 import os
 import platform
 import sys
-
-
-class _Alone:
-    """No turns to take (one arm alone; the demo before the reshape insisted on turns)."""
-
-    def join(self) -> None:
-        return None
-
-    def step(self) -> None:
-        return None
-
-    def leave(self) -> None:
-        return None
+from types import SimpleNamespace
 
 
 def main(argv: list[str]) -> None:
@@ -46,7 +34,9 @@ def main(argv: list[str]) -> None:
     from egeria import EgeriaConfig
 
     out, seed = argv[0], int(argv[1]) if len(argv) > 1 else 2
-    demo.current_turns = _Alone  # type: ignore[attr-defined]  # called for this process's turns
+    if not hasattr(demo, "_Alone"):  # before the reshape the demo insisted on turns: none to take alone
+        idle = SimpleNamespace(join=lambda: None, step=lambda: None, leave=lambda: None)
+        demo.current_turns = lambda: idle  # type: ignore[attr-defined]
     s = demo.FULL
     shared = demo.prepare(s, seed)
     record, extra = demo._train(

@@ -49,8 +49,7 @@ _FSDP1_REFUSAL = (
 
 def fsdp2_in(model: nn.Module) -> bool:
     """Whether ``model`` or any module inside it is sharded with ``fully_shard`` (FSDP2)."""
-    fsdp2, _ = _fsdp_types()
-    return fsdp2 is not None and any(isinstance(m, fsdp2) for m in model.modules())
+    return bool(fsdp2_units(model))
 
 
 def fsdp2_units(model: nn.Module) -> list[nn.Module]:
