@@ -190,32 +190,34 @@ def test_resume_mid_run_equals_uninterrupted_run(model_fn, data, mode, split):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("split", [20, 45])
-def test_resume_under_egerias_criterion_equals_uninterrupted_run(split):
+@pytest.mark.parametrize("split,decays", [(20, [30, 50]), (45, [30, 50]), (45, [])], ids=["before", "between", "constant"])
+def test_resume_under_egerias_criterion_equals_uninterrupted_run(split, decays):
     """The outlooks, the mass at the reference's refresh and the schedule read from the
-    scheduler go through a checkpoint: a run resumed before the first freeze, or between
-    the decays, decides as the uninterrupted one."""
+    scheduler (or the optimizer's constant learning rate) go through a checkpoint: a run
+    resumed before the first freeze, or between the decays, decides and reads as the
+    uninterrupted one, from its first reading on."""
     def fresh():
         torch.manual_seed(0)
         model = Chain()
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 50], gamma=0.1)
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=decays, gamma=0.1) if decays else None
         config = quick_config(rule="egeria", horizon=0.05, floor_ratio=0, eval_interval=2)
         return model, opt, sched, egeria.Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=70)
 
     data = batches(1) * 70
     model, opt, sched, eg = fresh()
     train(model, opt, eg, data[:split], scheduler=sched)
-    saved = (*checkpointed(model, opt, eg), copy.deepcopy(sched.state_dict()))
+    saved = (*checkpointed(model, opt, eg), copy.deepcopy(sched.state_dict()) if sched else None)
     rest = train(model, opt, eg, data[split:], scheduler=sched)
     assert rest and all(d.step > split for d in rest), "the test needs a freeze after the checkpoint"
-    assert any(row["outlook_share"] is not None for row in eg.history)
+    assert all(row["mass"] is not None for row in eg.history if row["step"] > split)
 
     model2, opt2, sched2, eg2 = fresh()
     model2.load_state_dict(saved[0])
     opt2.load_state_dict(saved[1])
     eg2.load_state_dict(saved[2])
-    sched2.load_state_dict(saved[3])
+    if sched2 is not None:
+        sched2.load_state_dict(saved[3])
     assert train(model2, opt2, eg2, data[split:], scheduler=sched2) == rest
     assert eg2.history == eg.history
     for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):

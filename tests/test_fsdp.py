@@ -117,6 +117,29 @@ def test_lightnings_fsdp2_strategy_freezes_on_every_rank_and_resumes_as_if_unint
         assert torch.equal(a["weights"], b["weights"])
 
 
+def test_egerias_rule_under_lightnings_fsdp2_strategy_resumes_as_if_uninterrupted(ranks):
+    zero, one = ranks("lightning")
+    if "skipped" in zero:
+        pytest.skip(zero["skipped"])
+    # The same training as the torchrun loop's: the same readings and decisions, bit for bit.
+    assert zero["rule"]["history"] == ranks("egeria_rule")[0]["fsdp2"]["history"]
+    assert _moves(zero["rule"]) == _moves(ranks("egeria_rule")[0]["fsdp2"])
+    for rank in (zero, one):
+        whole, resumed = rank["rule"], rank["rule_resumed"]
+        # Saved by a Trainer after step 30 (Lightning's checkpoint on every rank), resumed by
+        # a fresh one: the same decisions (every rank resumes rank 0's record, with its
+        # policy's own "guided"), the same weights bit for bit, rank 0's readings as the
+        # uninterrupted run's (they were not without rank 0's buffers in the checkpoint).
+        assert [s["frozen"] for s in resumed["steps"]][0] == [s["frozen"] for s in whole["steps"]][fsdp_workers.RULE_SAVE_AT]
+        assert [m for m in _moves(resumed) if m[1] != "guided"] == [m for m in _moves(whole) if m[1] != "guided"]
+        for a, b in zip(resumed["steps"], whole["steps"][fsdp_workers.RULE_SAVE_AT:], strict=True):
+            assert torch.equal(a["weights"], b["weights"])
+    assert zero["rule_resumed"]["history"] == zero["rule"]["history"]
+    assert [m for m in _moves(one["rule"]) if m[1] != "guided"] == [m for m in _moves(zero["rule"]) if m[1] != "guided"]
+    for a, b in zip(zero["rule"]["steps"], one["rule"]["steps"], strict=True):
+        assert torch.equal(a["weights"], b["weights"])
+
+
 def test_egerias_rule_under_fsdp2_reads_and_decides_as_under_ddp_and_resumes_through_dcp(ranks):
     zero, one = ranks("egeria_rule")
     freezes = [(s, a, m) for s, a, m in _moves(zero["fsdp2"]) if a == "freeze"]
@@ -140,6 +163,31 @@ def test_egerias_rule_under_fsdp2_reads_and_decides_as_under_ddp_and_resumes_thr
         for a, b in zip(rank["resumed"]["weights"], rank["fsdp2"]["weights"], strict=True):
             assert torch.equal(a, b)
     assert zero["resumed"]["history"] == zero["fsdp2"]["history"]
+
+
+def test_egerias_rule_under_the_hf_trainers_fsdp2_saves_on_every_rank_and_resumes_what_rank_0_read(ranks):
+    (zero, one), (rule_zero, _) = ranks("hf_callback"), ranks("egeria_rule")
+    # Driven through the callback (the loss from the model's output), the rule reads and
+    # decides as in the torchrun loop, bit for bit.
+    assert zero["uninterrupted"]["history"] == rule_zero["fsdp2"]["history"]
+    assert _moves(zero["uninterrupted"]) == _moves(rule_zero["fsdp2"])
+    for a, b in zip(zero["uninterrupted"]["weights"], rule_zero["fsdp2"]["weights"], strict=True):
+        assert torch.equal(a, b)
+    # on_save on every rank, rank 0 alone writing into a folder rank 1 cannot see; the
+    # resume loads what rank 0 read on both ranks, and goes on as if uninterrupted.
+    assert (zero["resumed"]["saved_by_rank"], one["resumed"]["saved_by_rank"]) == (True, False)
+    for rank in (zero, one):
+        assert rank["resumed"]["frozen_after_load"] == ["stem.0"]
+        assert _moves(rank["resumed"]) == _moves(zero["uninterrupted"])
+        for a, b in zip(rank["resumed"]["weights"], zero["uninterrupted"]["weights"], strict=True):
+            assert torch.equal(a, b)
+    assert zero["resumed"]["history"] == zero["uninterrupted"]["history"]
+    # A state only rank 0's check refuses (its policy's part): refused on every rank, and
+    # nothing of Egeria's changed on any.
+    assert "state.policy_state" in zero["refused"]["said"]
+    assert "another rank refused this Egeria state" in one["refused"]["said"]
+    for rank in (zero, one):
+        assert rank["refused"]["before"] == rank["refused"]["after"]
 
 
 def test_the_activation_cache_under_fsdp2_serves_where_every_rank_can_and_skips_the_frozen_units_gathers(ranks):

@@ -198,6 +198,19 @@ class Ranks:
             b.copy_(flat[offset : offset + b.numel()].view(b.shape))
             offset += b.numel()
 
+    def with_rank0_buffers(self, model_state: dict[str, Any]) -> dict[str, Any]:
+        """A model state dict of an FSDP2 model (its parameters sharded) with rank 0's
+        values of its plain tensors (the buffers, which FSDP2 never synchronises), as
+        copies: a checkpoint writer (DCP, Lightning's) saves one rank's copy of a tensor
+        every rank holds, whichever its plan picks, and a resume gives that copy to every
+        rank. Rank 0's, so that a resumed rank 0 (which runs Egeria's rule, reading its own
+        BatchNorm statistics) goes on as if uninterrupted. Every rank must call it."""
+        from torch.distributed.tensor import DTensor
+
+        copies = {k: v.clone() for k, v in model_state.items() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)}
+        self.share_buffers(list(copies.values()))
+        return {**model_state, **copies}
+
     def _name_difference(self, summary: dict[str, Any], step: int) -> None:
         """Raises :class:`RanksDisagree` naming the first rank and field that differ from
         rank 0's (every rank calls it: the digests told them all)."""

@@ -369,8 +369,10 @@ class Egeria(Checkpointing, CacheLoading):
                     step=lambda: self.steps,
                     own_pass=self._own.is_active,
                     event=self._record,
+                    # final once a step ran, here or before a resume (a resumed run's first
+                    # forward reads the schedule as the uninterrupted run's did)
                     lr_schedule=lambda: self._schedule.schedule(
-                        self.optimizer, self.total_steps, self._lr_at, final=self._planned
+                        self.optimizer, self.total_steps, self._lr_at, final=self._planned or self.steps > 0
                     ),
                     weights=None if self._whole is None else self._whole.read,
                 )

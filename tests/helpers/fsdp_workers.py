@@ -67,10 +67,11 @@ class Counted:
         return taken
 
 
-def sharded_chain(seed: int, counted: Counted | None = None) -> Chain:
-    """The tests' Chain, sharded as FSDP2 users do: the stem and each block, then the root."""
+def sharded_chain(seed: int, counted: Counted | None = None, kind: type[Chain] = Chain) -> Chain:
+    """The tests' Chain (or a subclass), sharded as FSDP2 users do: the stem and each
+    block, then the root."""
     torch.manual_seed(seed)
-    model = Chain(classes=CLASSES)
+    model = kind(classes=CLASSES)
     fully_shard(model.stem)
     for block in model.blocks:
         fully_shard(block)
@@ -204,7 +205,7 @@ def _rule_run(rank: int, out: str, layout: str, stop: int | None = None) -> dict
             model = Chain(classes=CLASSES)
             trained = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-        return model, trained, opt, egeria.Egeria(trained, opt, config=quick_config())
+        return model, trained, opt, egeria.Egeria(trained, opt, config=quick_config(), total_steps=RULE_STEPS)
 
     def whole(model) -> torch.Tensor:
         return full(model) if layout == "fsdp2" else torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -233,6 +234,102 @@ def egeria_rule(rank: int, world: int, out: str) -> dict:
     :data:`RULE_SAVE_AT` steps and resumed."""
     return {"fsdp2": _rule_run(rank, out, "fsdp2"), "ddp": _rule_run(rank, out, "ddp"),
             "resumed": _rule_run(rank, out, "fsdp2", stop=RULE_SAVE_AT)}
+
+
+class LossChain(Chain):
+    """The tests' Chain as a Hugging Face model answers: its output carries the loss."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        logits = super().forward(x)
+        return {"loss": F.cross_entropy(logits, y), "logits": logits}
+
+
+def _hf_run(rank: int, out: str, stop: int | None = None) -> dict:
+    """:func:`_rule_run`'s FSDP2 run driven as the HF Trainer drives ``EgeriaCallback``
+    (accelerate shards only on accelerators, so the Trainer itself cannot run here): the
+    model's output carries the loss, ``on_step_end`` after each optimizer step, and with
+    ``stop`` the Trainer's checkpoint after step ``stop`` (each rank its model and optimizer
+    shards, ``on_save`` on every rank, rank 0 alone saving into its output folder, which
+    rank 1 cannot see), then a fresh model and optimizer restored from it and a fresh
+    callback resuming at that step. Per step every parameter whole; rank 0's readings."""
+    from types import SimpleNamespace
+
+    from egeria.integrations.hf import EgeriaCallback
+
+    data = batches(1, classes=CLASSES, seed=rank + 1) * RULE_STEPS
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None,
+                           should_save=rank == 0, output_dir=f"{out}/hf-output-rank{rank}", resume_from_checkpoint=None)
+    state = SimpleNamespace(max_steps=RULE_STEPS, global_step=0)
+
+    def begin(seed: int, shards: str | None = None):
+        model = sharded_chain(seed, kind=LossChain)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+        if shards is not None:  # what the Trainer restores before on_train_begin
+            saved = torch.load(shards, weights_only=False)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+        callback = EgeriaCallback(quick_config(), log_signals=False)
+        callback.on_train_begin(args, state, None, model=model, optimizer=opt, lr_scheduler=None)
+        return model, opt, callback
+
+    model, opt, callback = begin(0)
+    record: dict = {"weights": []}
+    for x, y in data:
+        loss = model(x, y)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.global_step += 1
+        callback.on_step_end(args, state, None)
+        record["weights"].append(full(model))
+        if state.global_step == stop:
+            folder = f"{args.output_dir}/checkpoint-{stop}"
+            if args.should_save:
+                os.makedirs(folder)  # the Trainer's checkpoint folder, on the saving rank
+            shards = f"{out}/hf-shards-rank{rank}.pt"
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, shards)
+            callback.on_save(args, state, None)
+            callback.on_train_end(args, state, None)
+            model, opt, callback = begin(100, shards)  # other weights until the shards load
+            record["frozen_after_load"] = list(callback.egeria.frozen)
+            record["saved_by_rank"] = os.path.exists(f"{folder}/egeria.json")
+    eg = callback.egeria
+    record.update(events=[d.to_dict() for d in eg.events], history=eg.history, frozen=list(eg.frozen))
+    callback.on_train_end(args, state, None)
+    return record
+
+
+def _refused_together(rank: int, out: str) -> dict:
+    """A state rank 0's check refuses (its policy's part damaged) and the other ranks' would
+    take, loaded on every rank under FSDP2 with Egeria's rule: what each rank raised, and
+    its frozen modules and step count before and after."""
+    from egeria.checkpoint.saved_state import sealed
+
+    model = sharded_chain(0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    eg = egeria.Egeria(model, opt, config=quick_config())
+    x, y = batches(1, classes=CLASSES, seed=rank + 1)[0]
+    for _ in range(3):
+        _step(model, opt, eg, x, y)
+    state = eg.state_dict()
+    state = eg._from_rank0(state if eg._decides else None, "test")  # rank 0's, with its policy's part
+    damaged = sealed({**state, "frozen": 1, "policy_state": {**state["policy_state"], "stage": "nonsense"}})
+    before = (list(eg.frozen), eg.steps)
+    try:
+        eg.load_state_dict(damaged)
+        said = None
+    except ValueError as err:
+        said = str(err)
+    record = {"said": said, "before": before, "after": (list(eg.frozen), eg.steps)}
+    eg.close()
+    return record
+
+
+def hf_callback(rank: int, world: int, out: str) -> dict:
+    """Egeria's rule under FSDP2 through the HF callback, uninterrupted and saved after
+    :data:`RULE_SAVE_AT` then resumed; and a state refused by rank 0 alone."""
+    return {"uninterrupted": _hf_run(rank, out), "resumed": _hf_run(rank, out, stop=RULE_SAVE_AT),
+            "refused": _refused_together(rank, out)}
 
 
 #: The cache scenario: the stem and blocks.0 (two FSDP2 units) freeze after step 2.
@@ -303,12 +400,13 @@ def refusals(rank: int, world: int, out: str) -> dict:
 
 
 def _lightning_fit(rank: int, out: str, max_steps: int, *, ckpt_path: str | None = None,
-                   save_to: str | None = None) -> dict:
+                   save_to: str | None = None, rule: bool = False) -> dict:
     """``Trainer.fit`` under Lightning's FSDP2 strategy (``ModelParallelStrategy``, the model
-    sharded in ``configure_model``) with ``EgeriaCallback`` under :data:`PLAN`: one step per
-    epoch on this rank's fixed batch (epoch boundaries make resuming exact); per step the
-    frozen modules, every parameter whole and the stem's. ``ckpt_path`` resumes from a checkpoint;
-    ``save_to`` saves one at the end."""
+    sharded in ``configure_model``) with ``EgeriaCallback`` under :data:`PLAN` (SGD at 0.05),
+    or with ``rule`` under Egeria's rule (``quick_config``, SGD at 1e-4, :data:`RULE_STEPS`
+    steps in the run's plan): one step per epoch on this rank's fixed batch (epoch
+    boundaries make resuming exact); per step the frozen modules, every parameter whole and
+    the stem's. ``ckpt_path`` resumes from a checkpoint; ``save_to`` saves one at the end."""
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.utils.data import DataLoader, TensorDataset
@@ -331,7 +429,7 @@ def _lightning_fit(rank: int, out: str, max_steps: int, *, ckpt_path: str | None
             return F.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+            return torch.optim.SGD(self.parameters(), lr=1e-4 if rule else 0.05, momentum=0.9)
 
     class Recorder(pl.Callback):
         def __init__(self) -> None:
@@ -342,19 +440,27 @@ def _lightning_fit(rank: int, out: str, max_steps: int, *, ckpt_path: str | None
             self.steps.append({"step": trainer.global_step, "egeria_steps": eg.steps, "frozen": list(eg.frozen),
                                "weights": full(pl_module.net), "stem": full(pl_module.net.stem)})
 
-    egeria_callback, recorder = EgeriaCallback(policy=Plan(PLAN)), Recorder()
+    if rule:
+        egeria_callback = EgeriaCallback(quick_config(), total_steps=RULE_STEPS)
+    else:
+        egeria_callback = EgeriaCallback(policy=Plan(PLAN))
+    recorder = Recorder()
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         callbacks=[egeria_callback, recorder], max_steps=max_steps, max_epochs=max_steps, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=out,
+        default_root_dir=out, use_distributed_sampler=not rule,
     )
-    x, y = batches(1, classes=CLASSES, seed=1)[0]  # 16 samples: the sampler gives each rank its 8
-    trainer.fit(Task(), DataLoader(TensorDataset(x, y), batch_size=8), ckpt_path=ckpt_path)
+    if rule:  # each rank the fixed batch of _rule_run, its own loader (no distributed sampler)
+        x, y = batches(1, classes=CLASSES, seed=rank + 1)[0]
+    else:  # 16 samples: the sampler gives each rank 8, shuffled afresh each epoch
+        x, y = batches(1, classes=CLASSES, seed=1)[0]
+    trainer.fit(Task(), DataLoader(TensorDataset(x, y), batch_size=16 if rule else 8), ckpt_path=ckpt_path)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
-    events = [e.to_dict() for e in egeria_callback.egeria.events]
-    return {"steps": recorder.steps, "events": events, "global_step": trainer.global_step}
+    eg = egeria_callback.egeria
+    return {"steps": recorder.steps, "events": [e.to_dict() for e in eg.events], "history": eg.history,
+            "global_step": trainer.global_step}
 
 
 def lightning(rank: int, world: int, out: str) -> dict:
@@ -369,12 +475,15 @@ def lightning(rank: int, world: int, out: str) -> dict:
     os.environ.update(TORCHELASTIC_RUN_ID="egeria-tests", RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29500")  # read only to start a process group, which is up already
-    folder = f"{out}/lightning-checkpoint"
+    folder, rule_folder = f"{out}/lightning-checkpoint", f"{out}/lightning-rule-checkpoint"
     return {"uninterrupted": _lightning_fit(rank, out, STEPS), "saved": _lightning_fit(rank, out, 4, save_to=folder),
-            "resumed": _lightning_fit(rank, out, STEPS, ckpt_path=folder)}
+            "resumed": _lightning_fit(rank, out, STEPS, ckpt_path=folder),
+            "rule": _lightning_fit(rank, out, RULE_STEPS, rule=True),
+            "rule_saved": _lightning_fit(rank, out, RULE_SAVE_AT, save_to=rule_folder, rule=True),
+            "rule_resumed": _lightning_fit(rank, out, RULE_STEPS, ckpt_path=rule_folder, rule=True)}
 
 
-SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, egeria_rule, activation_cache, refusals, lightning)
+SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, egeria_rule, hf_callback, activation_cache, refusals, lightning)
 
 
 def every_scenario(rank: int, world: int, out: str) -> None:

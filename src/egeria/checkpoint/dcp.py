@@ -47,7 +47,7 @@ class TrainingState:
         ``egeria``: rank 0's :meth:`~egeria.Egeria.state_dict` as JSON text (every rank
         holds the same text, so whichever rank DCP lets write it, rank 0's is saved).
         Every rank must call it (DCP's save and load do)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         eg = self.eg
         # Before the first forward pass there are no layer modules and no state to save:
@@ -57,26 +57,19 @@ class TrainingState:
         mine = eg.state_dict() if eg._layers.known else None
         state = eg._from_rank0(mine if eg._decides else None, "eg.dcp_state().state_dict()")
         return {
-            "model": self._with_rank0_buffers(get_model_state_dict(eg.wrapper)),
+            "model": self._model_state(),
             "optimizer": get_optimizer_state_dict(eg.wrapper, eg.optimizer),
             "egeria": json.dumps(state),
         }
 
-    def _with_rank0_buffers(self, model_state: dict[str, Any]) -> dict[str, Any]:
-        """``model_state`` with rank 0's values of the unsharded tensors (buffers) under
-        FSDP2, which never synchronises them: DCP saves one rank's copy of a tensor every
-        rank holds, whichever its plan gives it to, and a resume gives that copy to every
-        rank. Rank 0's, so a resumed rank 0 (which runs Egeria's rule, reading its own
-        BatchNorm statistics) goes on as if uninterrupted. The model's own buffers are kept."""
-        import torch
-        from torch.distributed.tensor import DTensor
+    def _model_state(self) -> dict[str, Any]:
+        """DCP's model state dict; under FSDP2 with rank 0's buffers
+        (:meth:`~egeria.distributed.Ranks.with_rank0_buffers`: DCP keeps one rank's copy)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        eg = self.eg
-        if not eg._fsdp2 or eg._ranks is None:
-            return model_state
-        copies = {k: v.clone() for k, v in model_state.items() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)}
-        eg._ranks.share_buffers(list(copies.values()))
-        return {**model_state, **copies}
+        state = get_model_state_dict(self.eg.wrapper)
+        ranks = self.eg._ranks
+        return ranks.with_rank0_buffers(state) if self.eg._fsdp2 and ranks is not None else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Unfreezes, loads the model and the optimizer (every parameter's state, frozen

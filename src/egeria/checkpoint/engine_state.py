@@ -143,17 +143,22 @@ class Checkpointing:
             self._whole.gather()
         flops = state.get("module_flops") if isinstance(state, dict) else None
         flops = flops if isinstance(flops, list) and all(finite_count(f) for f in flops) else None
-        partition, context = check_saved_state(
-            state,
-            model=self.model,
-            format=STATE_FORMAT,
-            policy=self.policy.name,
-            decides=self._decides,
-            current=self._layers.partition if self._layers.partition is not None else self._layers.computed(),
-            cap=lambda p: self._layers.capped_partition(p, saved_flops=flops),
-        )
-        if self._decides:
-            check(state["policy_state"], policy_state_spec(self.policy, context), "state.policy_state")
+        try:
+            partition, context = check_saved_state(
+                state,
+                model=self.model,
+                format=STATE_FORMAT,
+                policy=self.policy.name,
+                decides=self._decides,
+                current=self._layers.partition if self._layers.partition is not None else self._layers.computed(),
+                cap=lambda p: self._layers.capped_partition(p, saved_flops=flops),
+            )
+            if self._decides:
+                check(state["policy_state"], policy_state_spec(self.policy, context), "state.policy_state")
+        except ValueError as err:
+            self._agree_to_load(err)
+            raise
+        self._agree_to_load(None)
         changed = {k: (v, state["config"].get(k)) for k, v in self.config.to_dict().items() if state["config"].get(k) != v}
         if changed:
             logger.warning("Egeria config differs from the saved one (now, saved): %s", changed)
@@ -171,3 +176,14 @@ class Checkpointing:
         if self._decides:
             self.policy.load_state_dict(state["policy_state"])
         self._counter.settle()
+
+    def _agree_to_load(self, refused: ValueError | None) -> None:
+        """Under FSDP2 with Egeria's rule every rank loads (the reference is rebuilt from
+        whole weights they gather) and only rank 0 checks the policy's state: every rank
+        takes the state, or none does. Raises on a rank whose own check passed where
+        another's refused (the refusing rank raises its own error)."""
+        if self._whole is None or self._whole.ranks is None:
+            return
+        if not self._whole.ranks.all_true(refused is None, "eg.load_state_dict() (every rank, under FSDP2)") and refused is None:
+            raise ValueError("another rank refused this Egeria state (rank 0 checks the policy's state; its error says why); "
+                             "nothing of Egeria's changed")

@@ -57,10 +57,11 @@ the default of transformers 5, or an accelerate config that asks for it: acceler
 the model in place with ``fully_shard``) the callback hands Egeria the sharded model. It
 tells FSDP2 from DDP by the model itself, not by the arguments: accelerate shards only on
 accelerators and wraps a CPU run in DDP whatever ``fsdp`` says. Under FSDP2 frozen
-parameters leave the reduce-scatter (:mod:`egeria.distributed`), with a policy that decides
-from the step (``linear``, ``static``, ``freezeout``); Egeria's rule is refused there (the
-Trainer saves and resumes Egeria's state on rank 0 alone, and the rule's state is made from
-whole weights that every rank gathers). Refused up front, with the reason:
+parameters leave the reduce-scatter (:mod:`egeria.distributed`). Egeria's rule reads whole
+weights there, which every rank gathers: the Trainer calls ``on_save`` on every rank, so
+every rank makes Egeria's state and the saving rank writes it; on resume rank 0 reads the
+file and sends it, and every rank loads it at once (or every rank refuses it). Refused up
+front, with the reason:
 FSDP1 (``fsdp_config`` version 1: flat parameters cannot freeze in part), DeepSpeed (it
 cannot change which parameters train after it starts) and ``DataParallel`` (several GPUs in
 one process).
@@ -79,7 +80,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..checkpoint.saved_state import without_policy_state
 from ..checkpoint.serialization import STATE_FILE as _EGERIA_FILE
-from ..checkpoint.serialization import saved_steps
+from ..checkpoint.serialization import read_state, saved_steps, write_state
 from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..signals import PREFIX, decision_text
@@ -162,15 +163,6 @@ class EgeriaCallback(TrainerCallback):
             total_steps=state.max_steps,
             **self.egeria_kwargs,
         )
-        if self.egeria._whole is not None:  # FSDP2 under a policy that reads whole weights
-            self.egeria.close()
-            self.egeria = None
-            raise ValueError(
-                "Egeria's rule under the Trainer's FSDP2 is not supported: the Trainer saves and resumes Egeria's "
-                "state on rank 0 alone, and under FSDP2 the rule's state is made from whole weights every rank must "
-                "gather; under the Trainer's FSDP2 choose EgeriaConfig(policy='linear', 'static' or 'freezeout'), or "
-                "train with Lightning's ModelParallelStrategy or a torchrun loop, where the rule works under FSDP2"
-            )
         if state.global_step > 0:
             self._resume(args, state)
         if self.log_signals:
@@ -198,14 +190,20 @@ class EgeriaCallback(TrainerCallback):
             state.log_history[-1].update(signals)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Writes Egeria's state into the checkpoint folder the Trainer just saved."""
-        if self.egeria is None or not args.should_save:
+        """Writes Egeria's state into the checkpoint folder the Trainer just saved (the
+        Trainer calls this on every rank; the ranks that save write it)."""
+        eg = self.egeria
+        # Under FSDP2 Egeria's rule makes its state from whole weights that every rank gathers.
+        if eg is None or not (args.should_save or eg._whole is not None):
+            return
+        made = eg.state_dict()
+        if not args.should_save:
             return
         folder = _checkpoint_dir(args, state)
         if not os.path.isdir(folder):
             logger.warning("no checkpoint folder %s: Egeria's state was not saved", folder)
             return
-        self.egeria.save(folder)  # egeria.json + egeria.pt, each written atomically
+        write_state(made, folder)  # egeria.json + egeria-<id>.pt, each written atomically
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Removes Egeria's hooks and stops its controller (``self.egeria`` stays readable)."""
@@ -213,18 +211,30 @@ class EgeriaCallback(TrainerCallback):
             self.egeria.close()
 
     def _resume(self, args: Any, state: Any) -> None:
-        """Rank 0 finds Egeria's state of the resumed step and loads it; every other rank
-        loads what rank 0 loaded (so a folder one rank cannot see never splits the frozen
-        sets), or raises the error rank 0 met."""
+        """Rank 0 finds Egeria's state of the resumed step; every rank loads what rank 0
+        found (so a folder one rank cannot see never splits the frozen sets), or raises the
+        error rank 0 met. Under FSDP2 with Egeria's rule the ranks load it together (its
+        reference is rebuilt from whole weights they gather, and they take the state or
+        refuse it together); otherwise rank 0 loads it and the others take its state."""
         eg = self.egeria
-        outcome = self._resume_on_rank0(args, state) if eg._decides else None
+        together = eg._whole is not None
+        outcome = self._resume_on_rank0(args, state, load=not together) if eg._decides else None
         kind, detail = eg._from_rank0(outcome, "EgeriaCallback's resume (on_train_begin)")
         if kind == "error":
             raise ValueError(detail)
         if kind == "loaded" and not eg._decides:
             eg.load_state_dict(detail)
+        if kind == "read":
+            try:
+                eg.load_state_dict(detail)
+            except ValueError as err:
+                raise ValueError(f"Egeria's state of step {state.global_step} cannot be resumed: {err}") from err
+            logger.info("Egeria resumed at step %d with %s frozen", eg.steps, eg.frozen)
 
-    def _resume_on_rank0(self, args: Any, state: Any) -> tuple[str, Any]:
+    def _resume_on_rank0(self, args: Any, state: Any, load: bool) -> tuple[str, Any]:
+        """Rank 0: loads (``load``) or reads Egeria's state of the resumed step from the
+        first folder that holds it: ``("loaded", what the other ranks load)``, ``("read",
+        the state)``, ``("error", why)`` or ``("none", None)``."""
         candidates = [self.resume_from, getattr(args, "resume_from_checkpoint", None), _checkpoint_dir(args, state)]
         tried = []
         for folder in dict.fromkeys(os.fspath(c) for c in candidates if isinstance(c, (str, os.PathLike))):
@@ -232,6 +242,8 @@ class EgeriaCallback(TrainerCallback):
             tried.append(f"{folder} ({'no ' + STATE_FILE if saved is None else f'step {saved}'})")
             if saved == state.global_step:
                 try:
+                    if not load:
+                        return "read", read_state(folder)
                     self.egeria.load(folder)
                 except (OSError, ValueError) as err:
                     return "error", f"Egeria's state in {folder} cannot be resumed: {err}"

@@ -44,8 +44,11 @@ what it loaded to every rank, so the ranks never resume different frozen sets.
 
 Under ``ModelParallelStrategy`` (FSDP2: ``fully_shard`` applied in ``configure_model``)
 Egeria freezes through the shards (:mod:`egeria.distributed`; no wrapper to rebuild), with
-a policy that decides from the step (``linear``, ``static``, ``freezeout``); Lightning's
-``FSDPStrategy`` wraps with FSDP1 and is refused, as DeepSpeed is, with the reason.
+Egeria's rule (which reads whole weights every rank gathers: Lightning saves and loads
+the callback's state on every rank) or a policy that decides from the step; its
+checkpoints hold rank 0's Egeria state and rank 0's model buffers on every rank.
+Lightning's ``FSDPStrategy`` wraps with FSDP1 and is refused, as DeepSpeed is, with the
+reason.
 
 Signals: Egeria's scalars (:meth:`egeria.Egeria.metrics`, names under ``egeria/``) go to
 every logger of the Trainer through ``pl_module.log_dict`` at the steps Lightning logs
@@ -244,10 +247,21 @@ class EgeriaCallback(pl.Callback):
     # -- checkpoints ----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Egeria's state (JSON-safe); under DDP rank 0's is the one Lightning saves."""
+        """Egeria's state (JSON-safe); under DDP rank 0's is the one Lightning saves, and
+        under FSDP2 every rank returns rank 0's (each rank writes its part of the checkpoint
+        there, and which rank's copy of a value every rank holds is kept is the writer's
+        choice). Lightning calls it on every rank."""
         if self._live and self.egeria is not None and self.egeria.steps > 0:
-            return self.egeria.state_dict()
+            return self._rank0s(self.egeria.state_dict())
         return dict(self._pending or self._state)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Under FSDP2: the checkpoint's model buffers are rank 0's (copies; FSDP2 never
+        synchronises buffers, and the checkpoint keeps one rank's copy), so that a resumed
+        rank 0 reads as the uninterrupted one did."""
+        ranks = self._fsdp2_ranks()
+        if ranks is not None and isinstance(checkpoint.get("state_dict"), dict):
+            checkpoint["state_dict"] = ranks.with_rank0_buffers(checkpoint["state_dict"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keeps a checkpoint's state until ``on_train_start`` (Egeria does not exist yet)."""
@@ -274,10 +288,20 @@ class EgeriaCallback(pl.Callback):
             )
         return holders[0][1]
 
+    def _fsdp2_ranks(self) -> Any:
+        """The run's ranks under FSDP2 (egeria.distributed.Ranks), else None."""
+        eg = self.egeria
+        return eg._ranks if eg is not None and eg._fsdp2 else None
+
+    def _rank0s(self, state: dict) -> dict:
+        """Rank 0's ``state`` on every rank under FSDP2 (every rank must call it); ``state`` otherwise."""
+        ranks = self._fsdp2_ranks()
+        return state if ranks is None else ranks.from_leader(state if ranks.leader else None, "EgeriaCallback.state_dict()")
+
     def _close(self, *, unfreeze: bool = True, keep_state: bool = True) -> None:
         if self._live and self.egeria is not None:
             if keep_state and self.egeria.steps > 0:
-                self._state = self.egeria.state_dict()
+                self._state = self._rank0s(self.egeria.state_dict())
             self.egeria.close(unfreeze=unfreeze)
         self._live = False
 
