@@ -168,6 +168,32 @@ def test_a_resume_without_egerias_state_of_that_step_starts_afresh_and_names_the
     assert "resuming at step 2" in message and "step 4" in message and "checkpoint-2 (no egeria.json)" in message
 
 
+def test_a_full_disk_at_egerias_save_warns_and_training_goes_on(tmp_path, caplog, monkeypatch):
+    import errno
+
+    import egeria.integrations.hf as hf
+
+    writes = []
+
+    def full_at_the_second(state, folder):
+        writes.append(folder)
+        if len(writes) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(state, folder)
+
+    real = hf.write_state
+    monkeypatch.setattr(hf, "write_state", full_at_the_second)
+    callback = EgeriaCallback(static(2))
+    trainer, _ = trainer_for(tmp_path, callback, max_steps=6, save_steps=2)
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        trainer.train()
+    assert trainer.state.global_step == callback.egeria.steps == 6  # trained to the end
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "Egeria's state was not saved in" in message and "checkpoint-4" in message and "No space left" in message
+    # The checkpoints before and after keep Egeria's state; the one it failed at has none.
+    assert [(tmp_path / f"checkpoint-{s}" / STATE_FILE).is_file() for s in (2, 4, 6)] == [True, False, True]
+
+
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="must be an EgeriaConfig, got dict"):
         EgeriaCallback({"policy": "static"})

@@ -203,7 +203,13 @@ class EgeriaCallback(TrainerCallback):
         if not os.path.isdir(folder):
             logger.warning("no checkpoint folder %s: Egeria's state was not saved", folder)
             return
-        write_state(made, folder)  # egeria.json + egeria-<id>.pt, each written atomically
+        try:
+            write_state(made, folder)  # egeria.json + egeria-<id>.pt, each written atomically
+        except OSError as err:  # a full disk, a folder gone: the training and the Trainer's checkpoint go on
+            logger.warning(
+                "Egeria's state was not saved in %s (%s); training goes on, and a resume from this checkpoint starts "
+                "Egeria afresh", folder, err,
+            )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Removes Egeria's hooks and stops its controller (``self.egeria`` stays readable)."""
