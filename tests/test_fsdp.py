@@ -24,6 +24,17 @@ def _moves(run: dict) -> list[tuple]:
     return [(e["step"], e["action"], e["modules"]) for e in run["events"]]
 
 
+def _weights(steps: list[dict]) -> list:
+    """Each step's whole parameters, from a run's per-step records."""
+    return [s["weights"] for s in steps]
+
+
+def _same_weights(a: list, b: list) -> None:
+    """Two runs' whole parameters, step by step: bit-identical, and as many steps."""
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> Callable[[str], list]:
     """Runs every scenario of fsdp_workers on 2 ranks, once for this file (starting the
@@ -113,8 +124,7 @@ def test_lightnings_fsdp2_strategy_freezes_on_every_rank_and_resumes_as_if_unint
     assert zero["resumed"]["events"] == one["resumed"]["events"] == zero["uninterrupted"]["events"]
     # One decision source, and replicas' full parameters bit-identical at every step.
     assert _moves(zero["uninterrupted"]) == _moves(one["uninterrupted"])
-    for a, b in zip(zero["uninterrupted"]["steps"], one["uninterrupted"]["steps"], strict=True):
-        assert torch.equal(a["weights"], b["weights"])
+    _same_weights(_weights(zero["uninterrupted"]["steps"]), _weights(one["uninterrupted"]["steps"]))
 
 
 def test_egerias_rule_under_lightnings_fsdp2_strategy_resumes_as_if_uninterrupted(ranks):
@@ -132,12 +142,10 @@ def test_egerias_rule_under_lightnings_fsdp2_strategy_resumes_as_if_uninterrupte
         # uninterrupted run's (they were not without rank 0's buffers in the checkpoint).
         assert [s["frozen"] for s in resumed["steps"]][0] == [s["frozen"] for s in whole["steps"]][fsdp_workers.RULE_SAVE_AT]
         assert [m for m in _moves(resumed) if m[1] != "guided"] == [m for m in _moves(whole) if m[1] != "guided"]
-        for a, b in zip(resumed["steps"], whole["steps"][fsdp_workers.RULE_SAVE_AT:], strict=True):
-            assert torch.equal(a["weights"], b["weights"])
+        _same_weights(_weights(resumed["steps"]), _weights(whole["steps"][fsdp_workers.RULE_SAVE_AT:]))
     assert zero["rule_resumed"]["history"] == zero["rule"]["history"]
     assert [m for m in _moves(one["rule"]) if m[1] != "guided"] == [m for m in _moves(zero["rule"]) if m[1] != "guided"]
-    for a, b in zip(zero["rule"]["steps"], one["rule"]["steps"], strict=True):
-        assert torch.equal(a["weights"], b["weights"])
+    _same_weights(_weights(zero["rule"]["steps"]), _weights(one["rule"]["steps"]))
 
 
 def test_egerias_rule_under_fsdp2_reads_and_decides_as_under_ddp_and_resumes_through_dcp(ranks):
@@ -149,19 +157,16 @@ def test_egerias_rule_under_fsdp2_reads_and_decides_as_under_ddp_and_resumes_thr
     # the same training under DDP, whose ranks hold the whole model.
     assert zero["fsdp2"]["history"] == zero["ddp"]["history"] and zero["fsdp2"]["history"]
     assert _moves(zero["fsdp2"]) == _moves(zero["ddp"])
-    for a, b in zip(zero["fsdp2"]["weights"], zero["ddp"]["weights"], strict=True):
-        assert torch.equal(a, b)
+    _same_weights(zero["fsdp2"]["weights"], zero["ddp"]["weights"])
     # One decision source (the "guided" event is rank 0's policy's own), replicas bit-identical.
     assert [m for m in _moves(one["fsdp2"]) if m[1] != "guided"] == [m for m in _moves(zero["fsdp2"]) if m[1] != "guided"]
-    for a, b in zip(zero["fsdp2"]["weights"], one["fsdp2"]["weights"], strict=True):
-        assert torch.equal(a, b)
+    _same_weights(zero["fsdp2"]["weights"], one["fsdp2"]["weights"])
     # Saved through DCP and resumed into a fresh model: the rule's state (reference,
     # watches) came back, and the run goes on as the uninterrupted one, readings included.
     for rank in (zero, one):
         assert rank["resumed"]["frozen_after_load"] == ["stem.0"]
         assert _moves(rank["resumed"]) == _moves(rank["fsdp2"])
-        for a, b in zip(rank["resumed"]["weights"], rank["fsdp2"]["weights"], strict=True):
-            assert torch.equal(a, b)
+        _same_weights(rank["resumed"]["weights"], rank["fsdp2"]["weights"])
     assert zero["resumed"]["history"] == zero["fsdp2"]["history"]
 
 
@@ -171,16 +176,14 @@ def test_egerias_rule_under_the_hf_trainers_fsdp2_saves_on_every_rank_and_resume
     # decides as in the torchrun loop, bit for bit.
     assert zero["uninterrupted"]["history"] == rule_zero["fsdp2"]["history"]
     assert _moves(zero["uninterrupted"]) == _moves(rule_zero["fsdp2"])
-    for a, b in zip(zero["uninterrupted"]["weights"], rule_zero["fsdp2"]["weights"], strict=True):
-        assert torch.equal(a, b)
+    _same_weights(zero["uninterrupted"]["weights"], rule_zero["fsdp2"]["weights"])
     # on_save on every rank, rank 0 alone writing into a folder rank 1 cannot see; the
     # resume loads what rank 0 read on both ranks, and goes on as if uninterrupted.
     assert (zero["resumed"]["saved_by_rank"], one["resumed"]["saved_by_rank"]) == (True, False)
     for rank in (zero, one):
         assert rank["resumed"]["frozen_after_load"] == ["stem.0"]
         assert _moves(rank["resumed"]) == _moves(zero["uninterrupted"])
-        for a, b in zip(rank["resumed"]["weights"], zero["uninterrupted"]["weights"], strict=True):
-            assert torch.equal(a, b)
+        _same_weights(rank["resumed"]["weights"], zero["uninterrupted"]["weights"])
     assert zero["resumed"]["history"] == zero["uninterrupted"]["history"]
     # A state only rank 0's check refuses (its policy's part): refused on every rank, and
     # nothing of Egeria's changed on any.
@@ -204,8 +207,7 @@ def test_the_activation_cache_under_fsdp2_serves_where_every_rank_can_and_skips_
             assert gathered[step - 1][0] == gathered[step - 1][1]
         for step in (7, 8):  # served: the frozen units (stem, blocks.0) were not gathered
             assert gathered[step - 1][0] <= gathered[step - 1][1] - rank["cached"]["frozen_unit_bytes"], gathered
-    for a, b in zip(zero["cached"]["steps"], one["cached"]["steps"], strict=True):
-        assert torch.equal(a["weights"], b["weights"])
+    _same_weights(_weights(zero["cached"]["steps"]), _weights(one["cached"]["steps"]))
 
 
 def test_fsdp2_refuses_the_policies_that_read_the_model_on_their_own_naming_what_works(ranks):
