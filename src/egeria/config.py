@@ -143,8 +143,10 @@ class EgeriaConfig:
     # unit of learning-rate mass, the median of its last W readings) times the
     # learning-rate mass still ahead, read from the schedule whatever built it
     # (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
-    # freeze. None: the rule's own, 0.0005 (egeria; see docs/decisions/008-horizon.md) or
-    # none (paper: the slope alone decides); 1.0 turns the condition off.
+    # freeze. With it, a module that is not quiet also waits for a learning rate at most
+    # 1/100 of the run's peak (docs/decisions/030-freeze-at-low-lr.md). None: the rule's
+    # own, 0.0005 (egeria; see docs/decisions/008-horizon.md) or none (paper: the slope
+    # alone decides); 1.0 turns both conditions off.
     horizon: float | None = None
     # A module also freezes after W readings in a row whose smoothed plasticity is at most
     # this many times its *floor*: what a reading reads when the module has not moved (the

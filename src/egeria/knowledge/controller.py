@@ -187,7 +187,9 @@ class Controller:
         outlook = self.rule.outlook(index)
         if self.rule.horizon is None or self.rule.horizon >= 1 or outlook is None or outlook.share is None:
             return why  # the condition is off: the slope decided
-        return f"{why}; drift still to come {outlook.share:.2g} of its largest"
+        why = f"{why}; drift still to come {outlook.share:.2g} of its largest"
+        share = self.rule.lr_share
+        return why if self.rule.low_lr is None or share is None else f"{why}; learning rate {share:.2g} of its peak"
 
     def _mass_since_refresh(self, request: Request) -> float | None:
         """The learning-rate mass the reading's interval held: from the reference's refresh
@@ -200,7 +202,8 @@ class Controller:
     def _read(self, index: int, plasticity: float, request: Request, mass: float | None) -> dict:
         """One module's reading through its rule; the history row."""
         lr = request.lr
-        reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead)
+        reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead,
+                                 peak=request.lr_peak)
         if not reading.counted:
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", request.step, lr,
                          self._name(index))
@@ -217,6 +220,7 @@ class Controller:
             "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
             "mass": mass,  # the learning-rate mass (sum of learning rates) the reading's interval held
             "mass_ahead": request.mass_ahead,  # the learning-rate mass still to come after the step
+            "lr_share": self.rule.lr_share,  # the learning rate as a share of the run's peak so far
             "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median of the last W
             "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
             "floor": reading.floor,  # the smoothed floor (None: not measured)
@@ -307,7 +311,7 @@ class Controller:
                 "floors": mapping(number(0), keys=index_keys(0, modules - 1)),
                 "reference": optional(ReferenceModel.state_spec(partition, weights)),
             },
-            optional=("floors",),
+            optional=("floors", *FrontRule.OPTIONAL_FIELDS),
         )
 
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:

@@ -43,6 +43,7 @@ class _Evaluation:
     activations: dict[int, HostCopy | LocalCopy] = field(default_factory=dict)
     lr: float | None = None  # the learning rate of its step
     mass_ahead: float | None = None  # the learning-rate mass still to come after its step
+    lr_peak: float | None = None  # the schedule's highest learning rate
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -123,17 +124,19 @@ class ControllerLink:
         state: Callable[[], Mapping[str, torch.Tensor]],
         lr: Callable[[], float] | None = None,
         mass_ahead: Callable[[], float | None] | None = None,
+        lr_peak: Callable[[], float | None] | None = None,
     ) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
         already (on the CPU; a device's copy is sent at the step boundary instead). ``batch``,
-        ``lr`` and ``mass_ahead`` (the sum of the learning rates of the steps after it, None
-        where not known) are read only when the step is armed: this runs at every forward
-        pass."""
+        ``lr``, ``mass_ahead`` (the sum of the learning rates of the steps after it) and
+        ``lr_peak`` (the schedule's highest learning rate; both None where not known) are
+        read only when the step is armed: this runs at every forward pass."""
         if self.armed_for != step or self.evaluation is not None:
             return
         evaluation = _Evaluation(
-            step, module, batch(), lr=None if lr is None else lr(), mass_ahead=None if mass_ahead is None else mass_ahead()
+            step, module, batch(), lr=None if lr is None else lr(), mass_ahead=None if mass_ahead is None else mass_ahead(),
+            lr_peak=None if lr_peak is None else lr_peak(),
         )
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
@@ -196,6 +199,7 @@ class ControllerLink:
             final,
             evaluation.lr,
             evaluation.mass_ahead,
+            evaluation.lr_peak,
         )
         try:
             sent = self.executor.offer(request)

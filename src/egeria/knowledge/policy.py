@@ -45,7 +45,7 @@ from .device import HostCopy, LocalCopy, handoff
 from .executors import Executor, make_executor
 from .link import ControllerLink
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
-from .rule import RuleSettings
+from .rule import LOW_LR_SHARE, RuleSettings
 from .service import ControllerSpec
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
@@ -79,6 +79,7 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         horizon=config.horizon,
         regimes=config.rule == "egeria",
         floor_ratio=config.floor_ratio or None,
+        low_lr=LOW_LR_SHARE if config.rule == "egeria" else None,
     )
 
 
@@ -114,6 +115,7 @@ class KnowledgeGuided:
         self._checked_cycles = unfreeze_rule is not None or self.unfreeze_lr_drop == math.inf
         self._executor_factory = executor
         self.rule_settings = rule_settings(self.config)  # the rule's, built once
+        self._checked_low_lr = self.rule_settings.low_lr is None or not self._horizon_on()
         self.stage = "bootstrap"
         self.window = self.config.window
         self.eval_interval: int | None = self.config.eval_interval
@@ -253,6 +255,9 @@ class KnowledgeGuided:
                 "no drift still to come known (an unknown schedule: pass lr_scheduler= and total_steps=)" if share is None
                 else f"drift still to come {share:.2g} of its largest, against horizon={horizon:g}"
             )
+        low, lr_share = self.rule_settings.low_lr, last.get("lr_share")
+        if low is not None and lr_share is not None and self._horizon_on():
+            parts.append(f"learning rate {lr_share:.2g} of its peak, against {low:g}")
         if self.config.floor_ratio and last.get("floor"):
             parts.append(f"plasticity {last['smoothed'] / last['floor']:.3g}x its floor, against "
                          f"floor_ratio={self.config.floor_ratio:g}")
@@ -366,6 +371,7 @@ class KnowledgeGuided:
                 self._weights,
                 lambda: current_lr(binding.optimizer),
                 self._mass_ahead,
+                self._lr_peak,
             )
 
     def _mass_ahead(self) -> float | None:
@@ -385,7 +391,29 @@ class KnowledgeGuided:
                     "at every cycle; pass unfreeze_rule= for cyclical ones",
                     restart, self.unfreeze_lr_drop, self.unfreeze_lr_drop,
                 )
+        if not self._checked_low_lr:
+            self._checked_low_lr = True
+            low = self.rule_settings.low_lr
+            lowest = float(schedule.lrs.min()) / schedule.peak
+            if lowest > low * (1 + 1e-6):
+                logger.warning(
+                    "Egeria: this run's learning rate never falls to %g of its peak (its lowest is %.2g of it), so "
+                    "only modules whose readings sit at their floor (a pretrained front) can freeze: a module still "
+                    "learning freezes only once the rate is that low. A schedule that decays further (cosine or "
+                    "linear to 0, a step schedule's second tenfold drop) lets settled modules freeze in its last "
+                    "stretch", low, lowest,
+                )
         return schedule.lr_sum(self._binding.step() + 1)  # the evaluated step is the next one taken
+
+    def _horizon_on(self) -> bool:
+        """Whether Egeria's criterion (the drift still to come) is on."""
+        return self.config.horizon is not None and self.config.horizon < 1
+
+    def _lr_peak(self) -> float | None:
+        """The schedule's highest learning rate (None: the schedule is not known)."""
+        assert self._binding is not None
+        schedule = self._binding.lr_schedule()
+        return None if schedule is None else schedule.peak
 
     def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self.link is not None:

@@ -37,6 +37,7 @@ class Request:
         lr: the learning rate the evaluated step trained at (None: not known).
         mass_ahead: the learning-rate mass still to come: the sum of the learning rates of
             the steps after the evaluated one (None: the schedule is not known).
+        lr_peak: the schedule's highest learning rate (None: the schedule is not known).
     """
 
     seq: int
@@ -48,6 +49,7 @@ class Request:
     final_modules: tuple[int, ...] = ()
     lr: float | None = None
     mass_ahead: float | None = None
+    lr_peak: float | None = None
 
 
 @dataclass

@@ -29,6 +29,15 @@ the schedule steps, decays smoothly or warms up first. A module whose readings s
 told from none, as a pretrained front's in fine-tuning) freezes on that alone, however
 much mass is ahead. Without a known schedule (``ReduceLROnPlateau``, an unknown length) no
 outlook exists, and only quiet modules freeze.
+
+And a module that is not quiet freezes only once the learning rate has come down to
+``low_lr`` of the run's peak (:data:`LOW_LR_SHARE`, 1/100, under Egeria's criterion): a
+frozen module keeps the iterate it had, and under a schedule that decays continuously the
+end of training lowers the loss by annealing the weights while they hardly move, which the
+drift still to come does not see. Every freeze measured at 1/100 of the peak or lower
+(after a step schedule's two tenfold decays) cost nothing, those at 1/10 and above cost
+accuracy (docs/decisions/030-freeze-at-low-lr.md). The peak is the highest learning rate
+the rule has been told of: the schedule's, and every reading's.
 """
 
 from __future__ import annotations
@@ -40,7 +49,14 @@ from typing import Sequence
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["FrontRule", "Outlook", "RuleSettings"]
+__all__ = ["LOW_LR_SHARE", "FrontRule", "Outlook", "RuleSettings"]
+
+# Egeria's criterion: a module not at its floor freezes once the learning rate is at most
+# this share of the run's peak (the last phase of the step recipe, two tenfold decays).
+LOW_LR_SHARE = 0.01
+# Learning rates are products of factors (0.1 * 0.1 * lr is not 0.01 * lr in floats): a
+# rate this close above the bound is at it.
+_LR_SLACK = 1e-6
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,8 @@ class RuleSettings:
         floor_ratio: a module also settles after W consecutive readings whose smoothed
             plasticity is at most this many times its smoothed floor (what it reads when it
             has not moved). None: floors are not compared (nor measured).
+        low_lr: a module that is not quiet freezes only at a learning rate at most this
+            share of the run's peak (None: any learning rate, as in the paper).
     """
 
     window: int
@@ -70,6 +88,7 @@ class RuleSettings:
     horizon: float | None = None
     regimes: bool = False
     floor_ratio: float | None = None
+    low_lr: float | None = None
 
 
 class Outlook:
@@ -147,16 +166,19 @@ class FrontRule:
         self.horizon = settings.horizon
         self.regimes = settings.regimes
         self.floor_ratio = settings.floor_ratio
+        self.low_lr = settings.low_lr
+        self.lr: float | None = None  # the learning rate of the latest reading
+        self.peak: float | None = None  # the highest learning rate of the run known so far
         self.watches: dict[int, ModuleWatch] = {}
         self.outlooks: dict[int, Outlook] = {}  # kept across restarts: their largest is the run's
 
     def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None, *,
-             mass: float | None = None, ahead: float | None = None) -> Reading:
+             mass: float | None = None, ahead: float | None = None, peak: float | None = None) -> Reading:
         """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
         not known), with its floor where measured, through its watch; ``mass`` is the
         learning-rate mass the reading's interval held (the sum of its steps' learning
-        rates) and ``ahead`` the mass still to come after it (None: the schedule is not
-        known).
+        rates), ``ahead`` the mass still to come after it and ``peak`` the schedule's
+        highest learning rate (None: the schedule is not known).
 
         Raises:
             ValueError: for a value that is not a finite number.
@@ -169,6 +191,10 @@ class FrontRule:
             outlook = self.outlooks[index] = Outlook(self.window)
         if self.regimes and lr is not None and watch.new_regime(lr):
             outlook.restart()
+        self.lr = lr
+        for known in (lr, peak):
+            if known is not None and (self.peak is None or known > self.peak):
+                self.peak = known
         reading = watch.update(plasticity, floor)
         if reading.counted:
             outlook.add(reading.plasticity, mass, ahead)
@@ -181,7 +207,8 @@ class FrontRule:
 
     def settled(self, index: int) -> bool:
         """The rule says freeze: W quiet readings (at the floor); or W stale readings and
-        (under Egeria's criterion) an outlook at most ``horizon`` of its largest."""
+        (under Egeria's criterion) an outlook at most ``horizon`` of its largest at a
+        learning rate at most ``low_lr`` of the peak."""
         watch = self.watches.get(index)
         if watch is None or not watch.smoothed:
             return False
@@ -193,7 +220,21 @@ class FrontRule:
             return True
         outlook = self.outlooks.get(index)
         share = outlook.share if outlook is not None else None
-        return share is not None and share <= self.horizon
+        return share is not None and share <= self.horizon and self.lr_low()
+
+    @property
+    def lr_share(self) -> float | None:
+        """The latest reading's learning rate as a share of the peak (None: not known)."""
+        if self.lr is None or not self.peak:
+            return None
+        return self.lr / self.peak
+
+    def lr_low(self) -> bool:
+        """Whether the learning rate is low enough for a module that is not quiet to freeze."""
+        if self.low_lr is None:
+            return True
+        share = self.lr_share
+        return share is not None and share <= self.low_lr * (1 + _LR_SLACK)
 
     def quiet(self, index: int) -> bool:
         """Whether module ``index`` has read at its floor for W readings."""
@@ -229,9 +270,14 @@ class FrontRule:
     def state_dict(self) -> dict:
         return {
             "window": self.window,
+            "lr": self.lr,
+            "peak": self.peak,
             "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
             "outlooks": {str(i): o.state_dict() for i, o in self.outlooks.items()},
         }
+
+    # fields a state written before they existed lacks
+    OPTIONAL_FIELDS = ("lr", "peak")
 
     @staticmethod
     def state_fields(modules: int) -> dict[str, Spec]:
@@ -239,12 +285,18 @@ class FrontRule:
         index = index_keys(0, modules - 1)
         return {
             "window": integer(1, 10**6),
+            "lr": optional(number(0)),
+            "peak": optional(number(0)),
             "watches": mapping(ModuleWatch.state_spec(), keys=index),
             "outlooks": mapping(Outlook.state_spec(), keys=index),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.window = int(state["window"])
+        # a state from before the learning-rate bound: the schedule's peak is told again
+        # at the next reading (from the scheduler's position on, at least the rate there)
+        self.lr = None if state.get("lr") is None else float(state["lr"])
+        self.peak = None if state.get("peak") is None else float(state["peak"])
         self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
         self.outlooks = {int(i): Outlook.from_state(self.window, o) for i, o in state["outlooks"].items()}
 
