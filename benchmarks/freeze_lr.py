@@ -14,7 +14,14 @@ full-length Egeria run beside:
 - whether the module froze at its floor (a quiet module: its readings could not be told
   from no drift) or by the slope and the drift still to come;
 - what the run ended at against the plain run of the same seed and the worst plain seed
-  (points of accuracy, or perplexity with the sign turned, so that below 0 is a loss).
+  (points of accuracy, or perplexity with the sign turned, so that below 0 is a loss);
+- which rule made it: the one before the learning-rate bound of
+  docs/decisions/030-freeze-at-low-lr.md or the one with it (the run's commit against the
+  bound's), and, for a freeze made without the bound by the drift still to come, the first
+  step at or after it where the bound would have let it happen.
+
+Runs that a run of the same task and seed under the bound replaced are read from
+``benchmarks/results/tta-full/superseded/before-030`` (their plain runs are the live ones).
 
     .venv/bin/python benchmarks/freeze_lr.py
 
@@ -33,7 +40,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks/results/tta-full"
+SUPERSEDED = RUNS / "superseded/before-030"
 OUT = ROOT / "benchmarks/results/freeze_lr"
+BOUND_COMMIT = "790f31f"  # the rule's learning-rate bound landed here
+
+
+def _with_bound(code: str | None) -> bool | None:
+    """Whether the run's code has the learning-rate bound (None: cannot tell)."""
+    import subprocess
+
+    if not code:
+        return None
+    done = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", BOUND_COMMIT, code],
+                          capture_output=True)
+    return {0: True, 1: False}.get(done.returncode)
 
 
 def _lrs(run: dict) -> list[float]:
@@ -82,10 +102,14 @@ def _gain(metric: float, against: float, higher_is_better: bool) -> float:
 
 
 def study() -> list[dict]:
+    from egeria.knowledge.rule import LOW_LR_SHARE
+
     rows = []
-    for path in sorted(RUNS.glob("*/*/egeria*-seed*.json")):
+    paths = [(p, p.parent) for p in sorted(RUNS.glob("*/*/egeria*-seed*.json"))]
+    paths += [(p, RUNS / p.parent.relative_to(SUPERSEDED)) for p in sorted(SUPERSEDED.glob("*/*/egeria*-seed*.json"))]
+    for path, live in paths:
         run = json.loads(path.read_text())
-        plain = _plain(path.parent)
+        plain = _plain(live)
         freezes = [e for e in run["events"] if e["action"] == "freeze"]
         if not plain or not freezes:
             continue
@@ -94,11 +118,17 @@ def study() -> list[dict]:
         peak, mass = max(lrs), sum(lrs)
         worst = (min if higher else max)(plain.values())
         final = run["final"]["metric"]
+        low = [s for s, lr in enumerate(lrs) if lr <= LOW_LR_SHARE * peak * (1 + 1e-6)]
+
+        def bound(step: int) -> int | None:
+            return next((s for s in low if s >= step), None)
+
         rows.append({
             "run": str(path.relative_to(ROOT)),
             "task": run["task"],
             "seed": run["seed"],
-            "layout": path.parts[-3],
+            "layout": live.parts[-2],
+            "learning_rate_bound": _with_bound(run.get("code")),
             "final": final,
             "against_same_seed": None if run["seed"] not in plain else _gain(final, plain[run["seed"]], higher),
             "against_worst_plain": _gain(final, worst, higher),
@@ -111,6 +141,8 @@ def study() -> list[dict]:
                     "lr_over_peak": lrs[min(e["step"], len(lrs) - 1)] / peak,
                     "mass_ahead": sum(lrs[e["step"]:]) / mass,
                     "at_floor": "reference's own error" in e["reason"],  # the rule's words for a quiet module
+                    # where the bound lets a module not at its floor freeze, at the earliest
+                    "bound_allows_at": e["step"] if "reference's own error" in e["reason"] else bound(e["step"]),
                     "reason": e["reason"],
                 }
                 for e in freezes
@@ -131,8 +163,9 @@ def _plot(rows: list[dict], path: Path) -> None:
     for row in rows:
         first = row["freezes"][0]
         cost = row["against_same_seed"] if row["against_same_seed"] is not None else row["against_worst_plain"]
-        ax.scatter(first["lr_over_peak"], cost, marker="o" if first["at_floor"] else "s", s=50,
-                   color=colours[row["task"]], alpha=0.8)
+        colour = colours[row["task"]]
+        ax.scatter(first["lr_over_peak"], cost, marker="o" if first["at_floor"] else "s", s=50, alpha=0.8,
+                   color=colour if row["learning_rate_bound"] else "none", edgecolors=colour)
     for task in tasks:
         ax.scatter([], [], color=colours[task], label=task)
     ax.legend(fontsize=8, loc="lower left")
@@ -140,8 +173,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("learning rate at the first freeze / the run's peak")
     ax.set_ylabel("final against plain of the same seed\n(accuracy points; perplexity, sign turned)")
+    ax.axvline(0.01, color="grey", lw=0.8, ls="--")
     ax.set_title("Egeria's full-length runs, one point a run: what its freezes cost\n"
-                 "(circle: the first freeze at the module's floor; square: by the drift still to come)", fontsize=9)
+                 "(circle: the first freeze at the module's floor; square: by the drift still to come;\n"
+                 "filled: the rule with the learning-rate bound (dashed), record 030; hollow: before it)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -152,14 +187,18 @@ def main() -> None:
 
     print("machine:", describe_machine()["cpu"], "(no training: committed results only)")
     rows = study()
-    print(f"{'run':<58} {'vs same seed':>12} {'vs worst':>9}  freezes: step (share of run, LR/peak, mass ahead)")
+    print(f"{'run':<74} {'bound':>5} {'vs same seed':>12} {'vs worst':>9}  "
+          "freezes: step (share of run, LR/peak, mass ahead; where the bound allows it)")
     for row in rows:
         same = "-" if row["against_same_seed"] is None else f"{row['against_same_seed']:+.2f}"
         freezes = "; ".join(
-            f"{f['step']} ({f['share_of_run']:.0%}, {f['lr_over_peak']:.3f}, {f['mass_ahead']:.3f}{', floor' if f['at_floor'] else ''})"
+            f"{f['step']} ({f['share_of_run']:.0%}, {f['lr_over_peak']:.3f}, {f['mass_ahead']:.3f}"
+            + (", floor" if f["at_floor"] else f"; {f['bound_allows_at']}") + ")"
             for f in row["freezes"]
         )
-        print(f"{row['run'][len('benchmarks/results/tta-full/'):]:<58} {same:>12} {row['against_worst_plain']:>+9.2f}  {freezes}")
+        bound = {True: "yes", False: "no", None: "?"}[row["learning_rate_bound"]]
+        name = row["run"].removeprefix("benchmarks/results/").removeprefix("tta-full/")
+        print(f"{name:<74} {bound:>5} {same:>12} {row['against_worst_plain']:>+9.2f}  {freezes}")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "freeze_lr.json").write_text(json.dumps({"command": shlex.join(["benchmarks/freeze_lr.py"]), "runs": rows}, indent=1))
     _plot(rows, OUT / "freeze_lr.png")
