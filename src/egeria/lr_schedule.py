@@ -90,6 +90,7 @@ class LRSchedule:
             raise ScheduleUnknown("the learning rates are negative or all zero: no mass to share out")
         self._lrs = values
         self._cumulative = torch.cat([values.new_zeros(1), values.cumsum(0)])  # (total_steps + 1,)
+        self._peak = float(values.max())  # read at every evaluation: kept
         self.start = start
         self.reconstructed = reconstructed
 
@@ -109,7 +110,7 @@ class LRSchedule:
     @property
     def peak(self) -> float:
         """The highest learning rate of the run."""
-        return float(self._lrs.max())
+        return self._peak
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (from 0; clamped into the run)."""

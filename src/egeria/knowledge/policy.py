@@ -45,7 +45,7 @@ from .device import HostCopy, LocalCopy, handoff
 from .executors import Executor, make_executor
 from .link import ControllerLink
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
-from .rule import LOW_LR_SHARE, RuleSettings
+from .rule import LOW_LR_SHARE, RuleSettings, at_most
 from .service import ControllerSpec
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
@@ -395,7 +395,7 @@ class KnowledgeGuided:
             self._checked_low_lr = True
             low = self.rule_settings.low_lr
             lowest = float(schedule.lrs.min()) / schedule.peak
-            if lowest > low * (1 + 1e-6):
+            if not at_most(lowest, low):
                 logger.warning(
                     "Egeria: this run's learning rate never falls to %g of its peak (its lowest is %.2g of it), so "
                     "only modules whose readings sit at their floor (a pretrained front) can freeze: a module still "

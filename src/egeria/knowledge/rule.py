@@ -49,7 +49,7 @@ from typing import Sequence
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["LOW_LR_SHARE", "FrontRule", "Outlook", "RuleSettings"]
+__all__ = ["LOW_LR_SHARE", "FrontRule", "Outlook", "RuleSettings", "at_most"]
 
 # Egeria's criterion: a module not at its floor freezes once the learning rate is at most
 # this share of the run's peak (the last phase of the step recipe, two tenfold decays).
@@ -57,6 +57,12 @@ LOW_LR_SHARE = 0.01
 # Learning rates are products of factors (0.1 * 0.1 * lr is not 0.01 * lr in floats): a
 # rate this close above the bound is at it.
 _LR_SLACK = 1e-6
+
+
+def at_most(share: float, bound: float) -> bool:
+    """Whether a learning rate ``share`` of the peak is at most ``bound`` of it (within the
+    float slack of a rate built as a product of factors)."""
+    return share <= bound * (1 + _LR_SLACK)
 
 
 @dataclass(frozen=True)
@@ -234,7 +240,7 @@ class FrontRule:
         if self.low_lr is None:
             return True
         share = self.lr_share
-        return share is not None and share <= self.low_lr * (1 + _LR_SLACK)
+        return share is not None and at_most(share, self.low_lr)
 
     def quiet(self, index: int) -> bool:
         """Whether module ``index`` has read at its floor for W readings."""
