@@ -14,7 +14,7 @@ import egeria
 from egeria.knowledge.executors import InlineExecutor
 from egeria.knowledge.protocol import Readout, Request
 from egeria.knowledge.reference import ReferenceModel
-from egeria.knowledge.rule import LOW_LR_SHARE, FrontRule, Outlook, RuleSettings
+from egeria.knowledge.rule import LOW_LR_SHARE, FrontRule, Outlook, RuleSettings, at_most
 from egeria.knowledge.service import ControllerSpec
 from egeria.knowledge.weights import float_snapshot
 from fakes import Recorder
@@ -452,7 +452,7 @@ def test_one_criterion_reads_the_mass_ahead_from_any_schedule_and_freezes_under_
         row = next(r for r in history if r["step"] == d.evaluated_at and r["module"] == d.modules[0])
         assert row["outlook_share"] is not None and row["outlook_share"] <= 0.2
         assert row["lr_share"] == pytest.approx(row["lr"] / schedule.peak)
-        assert row["lr_share"] <= LOW_LR_SHARE * (1 + 1e-6), (kind, row)
+        assert at_most(row["lr_share"], LOW_LR_SHARE), (kind, row)
         assert "of its peak" in d.reason
 
 
