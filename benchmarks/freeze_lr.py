@@ -5,7 +5,7 @@ Issue 28's criterion freezes a settled module once the drift still to come is sm
 after its last decay and for a fine-tuned front, and not free under a continuous decay of a
 model trained from scratch (docs/decisions/028-finetune-freeze-cost.md,
 029-cosine-late-freeze-cost.md). This study puts every freeze of every committed
-full-length Egeria run beside:
+full-length Egeria run beside (a run that froze nothing is listed, with no freeze):
 
 - where it came: its step, as a share of the run, and the share of the run's learning-rate
   mass still ahead there (the schedule rebuilt from the run's task, or from the Trainer's
@@ -111,7 +111,7 @@ def study() -> list[dict]:
         run = json.loads(path.read_text())
         plain = _plain(live)
         freezes = [e for e in run["events"] if e["action"] == "freeze"]
-        if not plain or not freezes:
+        if not plain:
             continue
         higher = run["metric"]["higher_is_better"]
         lrs = _lrs(run)
@@ -161,6 +161,8 @@ def _plot(rows: list[dict], path: Path) -> None:
     tasks = sorted({row["task"] for row in rows})
     colours = {task: f"C{k}" for k, task in enumerate(tasks)}
     for row in rows:
+        if not row["freezes"]:  # a run that froze nothing: no learning rate to put it at
+            continue
         first = row["freezes"][0]
         cost = row["against_same_seed"] if row["against_same_seed"] is not None else row["against_worst_plain"]
         colour = colours[row["task"]]
@@ -195,7 +197,7 @@ def main() -> None:
             f"{f['step']} ({f['share_of_run']:.0%}, {f['lr_over_peak']:.3f}, {f['mass_ahead']:.3f}"
             + (", floor" if f["at_floor"] else f"; {f['bound_allows_at']}") + ")"
             for f in row["freezes"]
-        )
+        ) or "none"
         bound = {True: "yes", False: "no", None: "?"}[row["learning_rate_bound"]]
         name = row["run"].removeprefix("benchmarks/results/").removeprefix("tta-full/")
         print(f"{name:<74} {bound:>5} {same:>12} {row['against_worst_plain']:>+9.2f}  {freezes}")
