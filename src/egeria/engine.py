@@ -163,6 +163,8 @@ class Egeria(Checkpointing, CacheLoading):
         blocks = find_blocks(model, self.config.modules)
         check_blocks(model, blocks)
         self._ranks = Ranks() if distributed_run() else None
+        # the ranks FSDP2 shards the model over (None: not FSDP2, or one process)
+        self._fsdp2_ranks = self._ranks if self._fsdp2 else None
         # FSDP2 with Egeria's rule: the whole weights it reads, gathered by every rank (egeria.distributed)
         self._whole = WholeWeights(model, self._ranks) if self._fsdp2 and self._asks.gathers_weights else None
         self._counter = OptimizerSteps(optimizer)
@@ -381,12 +383,12 @@ class Egeria(Checkpointing, CacheLoading):
         return self._prefix
 
     def _frozen_changed(self, count: int) -> None:
-        if self._fsdp2 and self._ranks is not None and count > 0:
+        if self._fsdp2_ranks is not None and count > 0:
             # FSDP2 never synchronises buffers: each rank's BatchNorm statistics are its
             # own data's, and a frozen module runs in eval mode on them. Rank 0's, everywhere.
             assert self._prefix is not None
             blocks = [b for m in self._prefix.partition.modules[:count] for b in m.blocks]
-            self._ranks.share_buffers([buf for b in blocks for buf in self.model.get_submodule(b).buffers()])
+            self._fsdp2_ranks.share_buffers([buf for b in blocks for buf in self.model.get_submodule(b).buffers()])
         if self._cache is not None:
             self._cache.set_frozen(count)
         if self._ddp is not None:

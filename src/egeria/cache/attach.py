@@ -98,8 +98,7 @@ class CacheLoading:
     model: nn.Module
     _cache: ActivationCache | None
     _compiled: bool
-    _fsdp2: bool
-    _ranks: Ranks | None
+    _fsdp2_ranks: Ranks | None
     _layers: RunLayers
     _own: OwnPasses
     _prefix: FrozenPrefix | None
@@ -158,7 +157,7 @@ class CacheLoading:
             )
         # Under FSDP2 a batch is served only where every rank serves it: its frozen units'
         # all-gathers are then skipped on every rank at once.
-        ranks = self._ranks if self._fsdp2 else None
+        ranks = self._fsdp2_ranks
         wrapped, self._cache = attach_loader(
             loader,
             self._cache,

@@ -68,8 +68,8 @@ class TrainingState:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = get_model_state_dict(self.eg.wrapper)
-        ranks = self.eg._ranks
-        return ranks.with_rank0_buffers(state) if self.eg._fsdp2 and ranks is not None else state
+        ranks = self.eg._fsdp2_ranks
+        return state if ranks is None else ranks.with_rank0_buffers(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Unfreezes, loads the model and the optimizer (every parameter's state, frozen

@@ -290,8 +290,7 @@ class EgeriaCallback(pl.Callback):
 
     def _fsdp2_ranks(self) -> Any:
         """The run's ranks under FSDP2 (egeria.distributed.Ranks), else None."""
-        eg = self.egeria
-        return eg._ranks if eg is not None and eg._fsdp2 else None
+        return None if self.egeria is None else self.egeria._fsdp2_ranks
 
     def _rank0s(self, state: dict) -> dict:
         """Rank 0's ``state`` on every rank under FSDP2 (every rank must call it); ``state`` otherwise."""
