@@ -37,6 +37,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks/results/tta-full"
@@ -133,22 +134,29 @@ def study() -> list[dict]:
             "against_same_seed": None if run["seed"] not in plain else _gain(final, plain[run["seed"]], higher),
             "against_worst_plain": _gain(final, worst, higher),
             "plain_seeds": sorted(plain),
-            "freezes": [
-                {
-                    "step": e["step"],
-                    "modules": e["modules"],
-                    "share_of_run": e["step"] / run["total_steps"],
-                    "lr_over_peak": lrs[min(e["step"], len(lrs) - 1)] / peak,
-                    "mass_ahead": sum(lrs[e["step"]:]) / mass,
-                    "at_floor": "reference's own error" in e["reason"],  # the rule's words for a quiet module
-                    # where the bound lets a module not at its floor freeze, at the earliest
-                    "bound_allows_at": e["step"] if "reference's own error" in e["reason"] else bound(e["step"]),
-                    "reason": e["reason"],
-                }
-                for e in freezes
-            ],
+            "freezes": [_freeze_row(e, run["total_steps"], lrs, peak, mass, bound) for e in freezes],
         })
     return rows
+
+
+def _freeze_row(event: dict, total_steps: int, lrs: list[float], peak: float, mass: float,
+                bound: Callable[[int], int | None]) -> dict:
+    """One freeze of a run: where it fell in the run and its schedule, and whether the
+    module was at its floor (the rule's words for a quiet module name the reference's own
+    error), which the learning-rate bound lets freeze at any rate."""
+    step = event["step"]
+    at_floor = "reference's own error" in event["reason"]
+    return {
+        "step": step,
+        "modules": event["modules"],
+        "share_of_run": step / total_steps,
+        "lr_over_peak": lrs[min(step, len(lrs) - 1)] / peak,
+        "mass_ahead": sum(lrs[step:]) / mass,
+        "at_floor": at_floor,
+        # where the bound lets a module not at its floor freeze, at the earliest
+        "bound_allows_at": step if at_floor else bound(step),
+        "reason": event["reason"],
+    }
 
 
 def _plot(rows: list[dict], path: Path) -> None:
