@@ -1,16 +1,18 @@
 """Evaluation-only overhead: Egeria evaluating plasticity but never freezing, against plain
 training, in one layout (issue 10's goal: at most 2% CPU-only, at most 1% accel).
 
-Both arms train ResNet-20 on the same Fashion-MNIST slice from the same seed, alternating
+Both arms train one task's model (ResNet-20 by default; ``--task vgg-fmnist`` the suite's
+VGG-style net under warm-up + cosine) on the same Fashion-MNIST slice from the same seed, alternating
 plain, Egeria, plain, Egeria... so that the machine's drift within the session falls on
 both. Egeria runs its default configuration with ``horizon`` set so low (and ``floor_ratio`` off) that no
 module ever freezes (its readings, controller and cost budget all run as usual).
 
-    .venv/bin/python benchmarks/eval_overhead.py --layout accel [--steps 400] [--repeats 2] [--cache]
+    .venv/bin/python benchmarks/eval_overhead.py --layout accel [--task T] [--steps 400] [--repeats 2] [--cache]
 
 With ``--cache`` the Egeria arm also trains through ``Egeria.cache_loader`` (nothing
 freezes, so nothing is recorded: this measures the loader wrapper with the readings).
-Writes ``benchmarks/results/eval_overhead/<layout>[-cache].json``; prints the command, the
+Writes ``benchmarks/results/eval_overhead/[<task>-]<layout>[-cache].json`` (the task named
+when it is not ``resnet-fmnist``); prints the command, the
 machine and each pair's training times (evaluation of the metric excluded) and ratio.
 """
 
@@ -32,6 +34,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=["cpu", "accel"], required=True)
+    parser.add_argument("--task", choices=["resnet-fmnist", "vgg-fmnist"], default="resnet-fmnist")
     parser.add_argument("--steps", type=int, default=400, help="training steps per run (batch 128)")
     parser.add_argument("--repeats", type=int, default=2, help="plain/Egeria pairs")
     parser.add_argument("--cache", action="store_true", help="the Egeria arm trains through the cache loader")
@@ -47,7 +50,7 @@ def main() -> None:
             for policy in ("none", "egeria"):
                 overrides = {"horizon": 1e-12, "floor_ratio": 0} if policy == "egeria" else None
                 run = run_bench(
-                    "resnet-fmnist", policy, seed=0, epochs=2, out_dir=f"{tmp}/{repeat}", layout=args.layout,
+                    args.task, policy, seed=0, epochs=2, out_dir=f"{tmp}/{repeat}", layout=args.layout,
                     limit=limit, eval_limit=1000, overrides=overrides, cache=args.cache and policy == "egeria",
                 )
                 assert not [e for e in run["events"] if e["action"] == "freeze"], "a module froze"
@@ -63,9 +66,10 @@ def main() -> None:
                   f"({times['readings']} readings): {times['ratio'] - 1:+.1%}")
     overhead = statistics.median(p["ratio"] for p in pairs) - 1
     print(f"median overhead of evaluating without freezing ({args.layout}): {overhead:+.1%}")
-    out = ROOT / "benchmarks/results/eval_overhead" / f"{args.layout}{'-cache' if args.cache else ''}.json"
+    task = "" if args.task == "resnet-fmnist" else f"{args.task}-"
+    out = ROOT / "benchmarks/results/eval_overhead" / f"{task}{args.layout}{'-cache' if args.cache else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": command, "machine": describe_machine(), "steps": args.steps, "cache": args.cache,
+    out.write_text(json.dumps({"command": command, "machine": describe_machine(), "task": args.task, "steps": args.steps, "cache": args.cache,
                                "pairs": pairs, "median_overhead": overhead}, indent=1))
 
 
