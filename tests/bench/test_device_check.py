@@ -38,11 +38,35 @@ def test_every_arm_trains_the_same_model_on_the_same_batches_and_the_report_hold
         assert arms[0]["speedup"] == 1.0
         assert all(a["metric"] is not None and a["train_s"] > 0 for a in arms)
         assert arms[1]["controller"]["modules"], name  # Egeria split the model
-    assert report["fsdp2"]["steps"] == 3 and report["fsdp2"]["world_size"] == 1
-    assert report["fsdp2"]["egeria"].startswith(("accepted", "refused: "))
+        assert all(a["error"] is None and a["max_loss_gap_before_first_freeze"] == 0.0 for a in arms), name
+    fsdp2 = report["fsdp2"]
+    assert fsdp2["steps"] == 3 and fsdp2["world_size"] == 1
+    assert [a["arm"] for a in fsdp2["arms"]] == ["plain", "egeria"]
+    assert all(a["error"] is None and a["median_step_s"] > 0 for a in fsdp2["arms"])
+    assert fsdp2["arms"][1]["controller"]["modules"]  # Egeria's rule runs on the sharded model
+    assert fsdp2["arms"][1]["max_loss_gap_before_first_freeze"] == 0.0
     printed = capsys.readouterr().out
     assert printed.startswith("PYTHONPATH=src python3 benchmarks/device_check.py --device cpu")
-    assert "resnet-20" in printed and "FSDP2:" in printed
+    assert "resnet-20" in printed and "FSDP2 (transformer-6, 3 steps)" in printed
+
+
+@pytest.mark.slow
+def test_an_arm_that_fails_is_reported_and_the_others_go_on(tmp_path, capsys, monkeypatch):
+    module = _module()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(module.egeria, "Egeria", broken)
+    out = tmp_path / "check.json"
+    assert module.main(["--device", "cpu", "--steps", "4", "--quick", "--no-amp", "--arms", "plain,egeria",
+                        "--fsdp-steps", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for arms in [task["arms"] for task in report["tasks"].values()] + [report["fsdp2"]["arms"]]:
+        plain, failed = arms
+        assert plain["error"] is None and plain["speedup"] == 1.0 and plain["metric"] is not None
+        assert failed["error"] == "RuntimeError: no such kernel" and failed["speedup"] is None
+    assert "FAILED: RuntimeError: no such kernel" in capsys.readouterr().out
 
 
 def test_arms_must_start_with_plain(tmp_path):
