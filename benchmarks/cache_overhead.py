@@ -1,7 +1,9 @@
 """What evaluating costs before anything freezes, with and without the activation cache:
 plain training, Egeria evaluating but never freezing, and the same through
 ``Egeria.cache_loader``, side by side on the demo's setting (ResNet-20, 12,800 Fashion-MNIST
-images, batch 128, the demo's schedule), in either benchmark layout (``egeria.bench.layouts``:
+images, batch 128, the demo's schedule) or, with ``--task vgg-fmnist``, on suite task (b)'s
+first steps (``egeria.bench.tasks``: the VGG-style net, augmented Fashion-MNIST, warm-up and
+cosine over its 10 epochs), in either benchmark layout (``egeria.bench.layouts``:
 ``cpu``, every core training; ``accel``, one core and thread training, Egeria's controller
 process on the others).
 
@@ -11,13 +13,14 @@ a round rotates with ``--rounds``. Egeria runs its default configuration with
 ``horizon`` and ``floor_ratio`` set so that nothing freezes before its last step (its readings, controller and
 cost budget run as usual).
 
-    .venv/bin/python benchmarks/cache_overhead.py [--steps 300] [--turn 10] [--rounds 2] [--layout cpu]
+    .venv/bin/python benchmarks/cache_overhead.py [--task vgg-fmnist] [--steps 300] [--turn 10] [--rounds 2] [--layout cpu]
 
 Per arm: the training steps' time (forward, backward, optimizer, scheduler, ``eg.step``;
 the loader's time apart), the process's CPU time (user and system, every thread) and minor
 page faults over the training loop, Egeria's own counted time; the ratios to plain. Every
 arm fixes glibc's heap thresholds first (``egeria.bench.allocator``) unless ``--heap default``.
-Writes ``benchmarks/results/eval_overhead/cache-turns-<layout>-<heap>-heap.json``.
+Writes ``benchmarks/results/eval_overhead/[<task>-]cache-turns-<layout>-<heap>-heap.json`` (the
+task named unless it is the demo's).
 """
 
 from __future__ import annotations
@@ -44,34 +47,49 @@ def _start(threads: int, steady: bool) -> None:
         raise RuntimeError("glibc refused the heap thresholds in an arm's process")
 
 
-def _arm(name: str, steps: int, seed: int, layout: str) -> dict:
+def _arm(name: str, steps: int, seed: int, layout: str, task: str) -> dict:
     from egeria.bench.layouts import pinned, resolve_layout
 
     place = resolve_layout(layout)
     with pinned(place):
-        return _train_arm(name, steps, seed, place.config_overrides("egeria"))
+        return _train_arm(name, steps, seed, place.config_overrides("egeria"), task)
 
 
-def _train_arm(name: str, steps: int, seed: int, overrides: dict) -> dict:
+def _setup(task: str, seed: int) -> tuple:
+    """model, optimizer, scheduler, the run's length in steps, and a loader of (x, y)
+    batches (for ``vgg-fmnist``, its augmented data at epoch 0)."""
     import torch
 
-    import egeria.bench.demo as demo
+    if task == "demo":
+        import egeria.bench.demo as demo
+
+        s = demo.FULL
+        prepared = demo.prepare(s, seed)
+        model, optimizer, scheduler = demo._setup(prepared.initial, s, prepared.milestones)
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(*prepared.train), batch_size=s.batch_size, shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        return model, optimizer, scheduler, prepared.total_steps, loader
+    from egeria.bench.tasks import build_task
+
+    built, epochs = build_task(task, seed=seed, eval_limit=1)
+    return built.model, built.optimizer, built.scheduler, built.steps_per_epoch * epochs, built.batches()
+
+
+def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "demo") -> dict:
+    import torch
+
     from egeria import Egeria, EgeriaConfig
     from egeria.bench.turns import current
 
     turns = current()
     assert turns is not None
-    s = demo.FULL
-    prepared = demo.prepare(s, seed)
-    model, optimizer, scheduler = demo._setup(prepared.initial, s, prepared.milestones)
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(*prepared.train), batch_size=s.batch_size, shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    model, optimizer, scheduler, total_steps, loader = _setup(task, seed)
     eg = None
     if name != "plain":
         never = EgeriaConfig(horizon=1e-12, floor_ratio=0, **overrides)  # evaluates as usual, freezes nothing before the end
-        eg = Egeria(model, optimizer, config=never, lr_scheduler=scheduler, total_steps=prepared.total_steps)
+        eg = Egeria(model, optimizer, config=never, lr_scheduler=scheduler, total_steps=total_steps)
         if name == "egeria-cache":
             loader = eg.cache_loader(loader)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -115,11 +133,11 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict) -> dict:
 
 
 def _round(
-    order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool, layout: str
+    order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool, layout: str, task: str
 ) -> dict[str, dict]:
     from egeria.bench.turns import run_in_turns
 
-    calls = [(name, steps, seed, layout) for name in order]
+    calls = [(name, steps, seed, layout, task) for name in order]
     records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads, steady))
     return dict(zip(order, records))
 
@@ -135,6 +153,8 @@ def main() -> None:
     parser.add_argument("--turn", type=int, default=10, help="steps per turn")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the arms' order rotated in each")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", choices=("demo", "vgg-fmnist"), default="demo",
+                        help="demo: the demo's ResNet-20 setting; vgg-fmnist: suite task (b)")
     parser.add_argument(
         "--layout", choices=("cpu", "accel"), default="cpu",
         help="cpu: every arm trains on all cores, Egeria's controller where its config puts it; accel: every arm "
@@ -155,7 +175,7 @@ def main() -> None:
     rounds = []
     for index in range(args.rounds):
         order = list(ARMS[index % 3:] + ARMS[: index % 3])
-        records = _round(order, args.steps, args.turn, args.seed, threads, args.heap == "steady", args.layout)
+        records = _round(order, args.steps, args.turn, args.seed, threads, args.heap == "steady", args.layout, args.task)
         assert not any(r.get("frozen") for r in records.values()), "a module froze"
         plain = records["plain"]
         for name in ARMS:
@@ -179,8 +199,9 @@ def main() -> None:
     }
     for name, figures in summary.items():
         print(f"{name}: step time {figures['step_ratio_median']:.3f}x plain, CPU time {figures['cpu_ratio_median']:.3f}x plain (medians)")
-    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"cache-turns-{args.layout}-{args.heap}-heap.json"
-    out.write_text(json.dumps({"command": command, "machine": machine, "steps": args.steps, "turn": args.turn,
+    task = "" if args.task == "demo" else f"{args.task}-"
+    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"{task}cache-turns-{args.layout}-{args.heap}-heap.json"
+    out.write_text(json.dumps({"command": command, "machine": machine, "task": args.task, "steps": args.steps, "turn": args.turn,
                                "layout": args.layout, "heap": args.heap,
                                "rounds": rounds, "summary": summary}, indent=1))
     print(f"wrote {out.relative_to(ROOT)}")

@@ -214,7 +214,7 @@ def _schedule(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_sc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -270,7 +270,7 @@ def _loop(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, schedu
           device: torch.device, amp: bool, result: Arm) -> None:
     model.train()
     for x, y in batches(task, loader):
-        _sync(device)
+        sync(device)
         began = time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -285,7 +285,7 @@ def _loop(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, schedu
                 if decision.action in ("freeze", "unfreeze"):
                     result.events.append({"step": decision.step, "action": decision.action,
                                           "modules": list(decision.modules)})
-        _sync(device)
+        sync(device)
         result.step_s.append(time.perf_counter() - began)
         result.losses.append(float(loss.detach()))
 

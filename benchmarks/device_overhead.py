@@ -76,7 +76,9 @@ def _gpu_processes() -> list[str]:
         return [f"not read: {err}"]
 
 
-def run_arm(task: Any, arm: str, device: torch.device, amp: bool, sync: Any) -> dict:
+def run_arm(task: Any, arm: str, device: torch.device, amp: bool, check: Any) -> dict:
+    """Trains ``task`` under ``arm`` (``check``: the device_check module, whose batches and
+    device sync it shares)."""
     torch.manual_seed(0)
     model = task.build().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=0.01)
@@ -92,8 +94,8 @@ def run_arm(task: Any, arm: str, device: torch.device, amp: bool, sync: Any) -> 
     processes: list[str] = []
     model.train()
     loader = task.loader()
-    for step, (x, y) in enumerate(_batches(loader, task.steps), start=1):
-        sync(device)
+    for step, (x, y) in enumerate(check.batches(task, loader), start=1):
+        check.sync(device)
         began = time.perf_counter()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -105,7 +107,7 @@ def run_arm(task: Any, arm: str, device: torch.device, amp: bool, sync: Any) -> 
         scheduler.step()
         if eg is not None:
             eg.step(loss.detach())
-        sync(device)
+        check.sync(device)
         step_s.append(time.perf_counter() - began)
         if eg is not None:
             stats = eg.controller_stats
@@ -122,16 +124,6 @@ def run_arm(task: Any, arm: str, device: torch.device, amp: bool, sync: Any) -> 
         eg.close()
     return {"arm": arm, "step_s": step_s, "reading_steps": reading_steps, "controller": stats,
             "gpu_processes": processes, "final_loss": float(loss.detach())}
-
-
-def _batches(loader: Any, steps: int):
-    done = 0
-    while done < steps:
-        for item in loader:
-            yield item
-            done += 1
-            if done == steps:
-                return
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -220,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for round_ in range(args.rounds):
         for arm in arms:
-            run = run_arm(task, arm, device, amp, check._sync)
+            run = run_arm(task, arm, device, amp, check)
             run["round"] = round_
             runs.append(run)
             print(f"round {round_} {arm}: {sum(run['step_s']):.2f} s", flush=True)
