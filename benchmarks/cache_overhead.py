@@ -3,7 +3,8 @@ plain training, Egeria evaluating but never freezing, and the same through
 ``Egeria.cache_loader``, side by side on the demo's setting (ResNet-20, 12,800 Fashion-MNIST
 images, batch 128, the demo's schedule) or, with ``--task vgg-fmnist``, on suite task (b)'s
 first steps (``egeria.bench.tasks``: the VGG-style net, augmented Fashion-MNIST, warm-up and
-cosine over its 10 epochs), in either benchmark layout (``egeria.bench.layouts``:
+cosine over its 10 epochs; up to one epoch, 469 steps, is measured as it trains: beyond it the
+plain arm would see epoch 0's augmented variants again), in either benchmark layout (``egeria.bench.layouts``:
 ``cpu``, every core training; ``accel``, one core and thread training, Egeria's controller
 process on the others).
 
