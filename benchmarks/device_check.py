@@ -270,24 +270,33 @@ def _loop(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, schedu
           device: torch.device, amp: bool, result: Arm) -> None:
     model.train()
     for x, y in batches(task, loader):
-        sync(device)
-        began = time.perf_counter()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            out = model(x)
-        loss = task.loss(out.float(), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        if eg is not None:
-            for decision in eg.step(loss.detach()):
-                if decision.action in ("freeze", "unfreeze"):
-                    result.events.append({"step": decision.step, "action": decision.action,
-                                          "modules": list(decision.modules)})
-        sync(device)
-        result.step_s.append(time.perf_counter() - began)
+        loss, decisions, seconds = timed_step(task, model, optimizer, scheduler, eg, x, y, device, amp)
+        for decision in decisions:
+            if decision.action in ("freeze", "unfreeze"):
+                result.events.append({"step": decision.step, "action": decision.action,
+                                      "modules": list(decision.modules)})
+        result.step_s.append(seconds)
         result.losses.append(float(loss.detach()))
+
+
+def timed_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, eg: Any,
+               x: torch.Tensor, y: torch.Tensor, device: torch.device, amp: bool) -> tuple[torch.Tensor, list, float]:
+    """One training step on the batch ``(x, y)``, ``eg.step`` included where there is an
+    Egeria, timed with the device synchronised at both ends: (loss, Egeria's decisions,
+    seconds)."""
+    sync(device)
+    began = time.perf_counter()
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        out = model(x)
+    loss = task.loss(out.float(), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    decisions = list(eg.step(loss.detach())) if eg is not None else []
+    sync(device)
+    return loss, decisions, time.perf_counter() - began
 
 
 def _median(values: list[float]) -> float | None:

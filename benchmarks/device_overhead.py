@@ -37,7 +37,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +77,7 @@ def _gpu_processes() -> list[str]:
 
 def run_arm(task: Any, arm: str, device: torch.device, amp: bool, check: Any) -> dict:
     """Trains ``task`` under ``arm`` (``check``: the device_check module, whose batches and
-    device sync it shares)."""
+    timed training step it shares)."""
     torch.manual_seed(0)
     model = task.build().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=0.01)
@@ -95,20 +94,8 @@ def run_arm(task: Any, arm: str, device: torch.device, amp: bool, check: Any) ->
     model.train()
     loader = task.loader()
     for step, (x, y) in enumerate(check.batches(task, loader), start=1):
-        check.sync(device)
-        began = time.perf_counter()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            out = model(x)
-        loss = task.loss(out.float(), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        if eg is not None:
-            eg.step(loss.detach())
-        check.sync(device)
-        step_s.append(time.perf_counter() - began)
+        loss, _, seconds = check.timed_step(task, model, optimizer, scheduler, eg, x, y, device, amp)
+        step_s.append(seconds)
         if eg is not None:
             stats = eg.controller_stats
             sent = stats.get("sent", 0) + stats.get("dropped", 0)
