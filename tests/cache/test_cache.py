@@ -14,6 +14,7 @@ from torch import nn
 
 import egeria
 from egeria.cache import Augmented
+from egeria.cache.datasets import Keyed
 from egeria.models import TransformerLM, next_token_loss
 from tiny import Plan, tiny_cnn
 
@@ -315,3 +316,28 @@ def test_a_write_still_pending_when_its_level_is_turned_off_is_dropped_not_recre
     assert_same(plain, cached)
     (level,) = turned_off
     assert level.tables is None and stats["levels"][level.boundary]["tier"] is None and stats["served"] == 0
+
+
+def test_augmented_variants_are_the_seeded_draws_drawn_once_an_epoch(monkeypatch):
+    def seeded(seed, epoch, index):  # the documented draw, from (seed, epoch, index)
+        g = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + epoch * 1_000_003 + index) % (2**63))
+        return int(torch.randint(4, (1,), generator=g))
+
+    data = Augmented(images(), lambda x, g: x, variants=4, seed=3)
+    n = len(data)
+    for epoch in (0, 1, 0):  # back to an epoch: drawn again, the same
+        data.set_epoch(epoch)
+        expected = [seeded(3, epoch, i) for i in range(n)]
+        assert [data.variant(i) for i in range(n)] == expected
+        assert data.key(n - 1) == (n - 1) * 4 + expected[-1] and data.variant(-1) == expected[-1]
+    assert len({tuple(seeded(3, e, i) for i in range(n)) for e in (0, 1)}) == 2  # the epochs differ
+
+    draws = []
+    real = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: draws.append(1) or real(*a, **k))
+    data.set_epoch(5)
+    keyed = Keyed(data)
+    for i in range(n):  # the loader's plan, the key of the item, the item's transform
+        keyed.key(i)
+        keyed[i]
+    assert len(draws) == n

@@ -9,6 +9,7 @@ inputs. :func:`random_reason` tells a transform that is random in any other way.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Callable
 
 import torch
@@ -43,15 +44,29 @@ class Augmented(Dataset):
         self.variants = variants
         self.seed = seed
         self.epoch = 0
+        # The epoch's variants drawn so far (-1: not yet): through the activation cache a
+        # sample's variant is read three times an epoch (the loader's plan, its key, its
+        # transform), and each draw seeds a fresh generator (a fifth of suite task (b)'s
+        # crop-and-flip per sample): drawn once, read from here after.
+        self._drawn = array("i")
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._drawn = array("i")
         self.epoch = epoch
 
     def variant(self, index: int) -> int:
         if self.variants == 1:
             return 0
-        g = torch.Generator().manual_seed((self.seed * _MIX + self.epoch * 1_000_003 + index) % (2**63))
-        return int(torch.randint(self.variants, (1,), generator=g))
+        if index < 0:  # the same sample as index + len, so the same variant
+            index += len(self)
+        if not self._drawn:
+            self._drawn = array("i", [-1]) * len(self)
+        drawn = self._drawn[index]
+        if drawn < 0:
+            g = torch.Generator().manual_seed((self.seed * _MIX + self.epoch * 1_000_003 + index) % (2**63))
+            drawn = self._drawn[index] = int(torch.randint(self.variants, (1,), generator=g))
+        return drawn
 
     def key(self, index: int) -> int:
         """The cache key of item ``index`` in the current epoch."""
