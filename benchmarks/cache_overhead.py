@@ -20,14 +20,19 @@ Per arm: the training steps' time (forward, backward, optimizer, scheduler, ``eg
 the loader's time apart), the process's CPU time (user and system, every thread) and minor
 page faults over the training loop, Egeria's own counted time; the ratios to plain. Every
 arm fixes glibc's heap thresholds first (``egeria.bench.allocator``) unless ``--heap default``.
-Writes ``benchmarks/results/eval_overhead/[<task>-]cache-turns-<layout>-<heap>-heap.json`` (the
+With ``--profile`` each arm's loop runs under cProfile and its record says where the
+Python time went (egeria's own functions per step, the costliest functions); the profiler
+slows every call, so those runs' times are not the measurement.
+Writes ``benchmarks/results/eval_overhead/[<task>-]cache-turns-<layout>-<heap>-heap[-profile].json`` (the
 task named unless it is the demo's).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import resource
 import statistics
 import sys
@@ -48,12 +53,34 @@ def _start(threads: int, steady: bool) -> None:
         raise RuntimeError("glibc refused the heap thresholds in an arm's process")
 
 
-def _arm(name: str, steps: int, seed: int, layout: str, task: str) -> dict:
+def _arm(name: str, steps: int, seed: int, layout: str, task: str, profile: bool = False) -> dict:
     from egeria.bench.layouts import pinned, resolve_layout
 
     place = resolve_layout(layout)
     with pinned(place):
-        return _train_arm(name, steps, seed, place.config_overrides("egeria"), task)
+        return _train_arm(name, steps, seed, place.config_overrides("egeria"), task, profile)
+
+
+def _profiled(profiler: cProfile.Profile, steps: int) -> dict:
+    """Where the profiled loop's Python time went: the time spent in egeria's own functions
+    (their own time, not their callees'), per step, and the functions that took the most,
+    egeria's and all."""
+    import egeria
+
+    stats = pstats.Stats(profiler)
+    source = str(Path(egeria.__file__).parent)
+    rows = [
+        {"function": f"{Path(file).name}:{line}({func})", "calls": calls, "own_ms_per_step": 1e3 * own / steps,
+         "egeria": file.startswith(source)}
+        for (file, line, func), (_, calls, own, _, _) in stats.stats.items()
+    ]
+    rows.sort(key=lambda r: -r["own_ms_per_step"])
+    ours = [r for r in rows if r["egeria"]]
+    return {
+        "egeria_own_ms_per_step": sum(r["own_ms_per_step"] for r in ours),
+        "top_egeria": ours[:12],
+        "top": rows[:12],
+    }
 
 
 def _setup(task: str, seed: int) -> tuple:
@@ -78,7 +105,7 @@ def _setup(task: str, seed: int) -> tuple:
     return built.model, built.optimizer, built.scheduler, built.steps_per_epoch * epochs, built.batches()
 
 
-def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "demo") -> dict:
+def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "demo", profile: bool = False) -> dict:
     import torch
 
     from egeria import Egeria, EgeriaConfig
@@ -97,6 +124,9 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "d
     step_s, loader_s, done = 0.0, 0.0, 0
     try:
         turns.join()
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()
         before = resource.getrusage(resource.RUSAGE_SELF)
         while done < steps:
             waiting = time.perf_counter()
@@ -117,6 +147,8 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "d
                     break
                 waiting = time.perf_counter()
         after = resource.getrusage(resource.RUSAGE_SELF)
+        if profiler is not None:
+            profiler.disable()
     finally:
         turns.leave()
     record = {
@@ -124,6 +156,8 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "d
         "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
         "minor_faults": after.ru_minflt - before.ru_minflt,
     }
+    if profiler is not None:
+        record["profile"] = _profiled(profiler, done)
     if eg is not None:
         record["frozen"] = list(eg.frozen)
         record["readings"] = len({row["step"] for row in eg.history})
@@ -134,11 +168,12 @@ def _train_arm(name: str, steps: int, seed: int, overrides: dict, task: str = "d
 
 
 def _round(
-    order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool, layout: str, task: str
+    order: list[str], steps: int, turn: int, seed: int, threads: int, steady: bool, layout: str, task: str,
+    profile: bool = False,
 ) -> dict[str, dict]:
     from egeria.bench.turns import run_in_turns
 
-    calls = [(name, steps, seed, layout, task) for name in order]
+    calls = [(name, steps, seed, layout, task, profile) for name in order]
     records = run_in_turns(_arm, calls, turn, initializer=_start, initargs=(threads, steady))
     return dict(zip(order, records))
 
@@ -165,6 +200,11 @@ def main() -> None:
         "--heap", choices=("steady", "default"), default="steady",
         help="steady: every arm fixes glibc's heap thresholds first (egeria.bench.allocator); default: as the process starts",
     )
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="run each arm's loop under cProfile and record where its Python time went (the profiler slows "
+        "every Python call, so the arms' times are then not the measurement; the file is named -profile)",
+    )
     args = parser.parse_args()
     if args.heap == "steady" and not can_fix_heap():
         parser.error("--heap steady needs glibc's mallopt (this C library has none); use --heap default")
@@ -176,7 +216,9 @@ def main() -> None:
     rounds = []
     for index in range(args.rounds):
         order = list(ARMS[index % 3:] + ARMS[: index % 3])
-        records = _round(order, args.steps, args.turn, args.seed, threads, args.heap == "steady", args.layout, args.task)
+        records = _round(
+            order, args.steps, args.turn, args.seed, threads, args.heap == "steady", args.layout, args.task, args.profile
+        )
         assert not any(r.get("frozen") for r in records.values()), "a module froze"
         plain = records["plain"]
         for name in ARMS:
@@ -190,6 +232,9 @@ def main() -> None:
                 + (f", readings {r['readings']}, Egeria counted {r['egeria_counted_s']}" if name != "plain" else ""),
                 flush=True,
             )
+            if "profile" in r:
+                print(f"    Python time in egeria's functions: {r['profile']['egeria_own_ms_per_step']:.3f} ms a step; most: "
+                      + ", ".join(f"{f['function']} {f['own_ms_per_step']:.3f}" for f in r["profile"]["top_egeria"][:5]))
         rounds.append({"order": order, "arms": records})
     summary = {
         name: {
@@ -201,7 +246,7 @@ def main() -> None:
     for name, figures in summary.items():
         print(f"{name}: step time {figures['step_ratio_median']:.3f}x plain, CPU time {figures['cpu_ratio_median']:.3f}x plain (medians)")
     task = "" if args.task == "demo" else f"{args.task}-"
-    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"{task}cache-turns-{args.layout}-{args.heap}-heap.json"
+    out = ROOT / "benchmarks" / "results" / "eval_overhead" / f"{task}cache-turns-{args.layout}-{args.heap}-heap{'-profile' if args.profile else ''}.json"
     out.write_text(json.dumps({"command": command, "machine": machine, "task": args.task, "steps": args.steps, "turn": args.turn,
                                "layout": args.layout, "heap": args.heap,
                                "rounds": rounds, "summary": summary}, indent=1))
