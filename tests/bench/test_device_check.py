@@ -72,3 +72,15 @@ def test_an_arm_that_fails_is_reported_and_the_others_go_on(tmp_path, capsys, mo
 def test_arms_must_start_with_plain(tmp_path):
     with pytest.raises(SystemExit):
         _module().main(["--arms", "egeria", "--out", str(tmp_path / "x.json")])
+
+
+@pytest.mark.slow
+def test_the_smartfrz_arm_trains_its_policy_beside_plain(tmp_path):
+    out = tmp_path / "check.json"
+    assert _module().main(["--device", "cpu", "--steps", "6", "--quick", "--no-amp", "--arms", "plain,smartfrz",
+                           "--fsdp-steps", "2", "--out", str(out)]) == 0
+    for name, task in json.loads(out.read_text())["tasks"].items():
+        plain, smartfrz = task["arms"]
+        assert smartfrz["arm"] == "smartfrz" and smartfrz["error"] is None, name
+        assert smartfrz["first_loss"] == plain["first_loss"] and smartfrz["metric"] is not None, name
+        assert smartfrz["controller"]["modules"], name  # the policy split the model
