@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,16 +14,13 @@ from egeria.bench import ptb_sentences as ps
 from egeria.bench.word_order import WordOrder
 
 from needs_data import needs_ptb
+from scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="pip install egeria[hf]")
 
 
 def _pretraining_script():
-    spec = importlib.util.spec_from_file_location("pretrain_ptb_bert", ROOT / "scripts" / "pretrain_ptb_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/pretrain_ptb_lm.py")
 
 
 def test_encode_pads_and_cuts():

@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import cProfile
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
 from egeria.cache import Augmented
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cache_overhead.py"
+from scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("cache_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cache_overhead"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/cache_overhead.py")
 
 
 def test_the_profile_counts_egerias_own_functions_per_step_apart_from_the_rest():

@@ -3,23 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device_check.py"
+from scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("device_check", module)  # its dataclasses look their module up
-    spec.loader.exec_module(sys.modules["device_check"])
-    module = sys.modules["device_check"]
-    return module
+    return load_script("benchmarks/device_check.py")
 
 
 @pytest.mark.slow

@@ -3,22 +3,15 @@ runs (its figures are only taken on an accelerator)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device_overhead.py"
+from scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("device_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["device_overhead"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/device_overhead.py")
 
 
 @pytest.mark.slow
