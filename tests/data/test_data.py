@@ -182,6 +182,12 @@ def test_ptb_from_directory_matches_the_package(ptb, tmp_path: Path) -> None:
     assert from_dir.vocab == ptb.vocab
     assert torch.equal(from_dir.test, ptb.test)
     assert torch.equal(from_dir.train, ptb.train)
+    for split in ("train", "valid", "test"):  # gzipped, as a machine without the package may carry them
+        plain = tmp_path / f"ptb.{split}.txt"
+        (tmp_path / f"ptb.{split}.txt.gz").write_bytes(gzip.compress(plain.read_bytes()))
+        plain.unlink()
+    packed = load_ptb(tmp_path)
+    assert packed.vocab == ptb.vocab and torch.equal(packed.train, ptb.train) and torch.equal(packed.test, ptb.test)
 
 
 def test_ptb_missing_directory_raises(tmp_path: Path) -> None:

