@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
+
+from .files import open_data, packed_or_plain
 
 __all__ = [
     "FASHION_MNIST_MEAN",
@@ -56,9 +57,8 @@ def read_idx(path: str | Path) -> np.ndarray:
             payload size disagrees with the declared dimensions.
     """
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as fh:
+        with open_data(path, "rb") as fh:
             raw = fh.read()
     except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"cannot read IDX file {path}: {exc}") from exc
@@ -152,7 +152,7 @@ def _find(root: Path, name: str) -> Path:
     )
     if not root.is_dir():
         raise FileNotFoundError(f"Fashion-MNIST directory {root} does not exist: {hint}")
-    for candidate in (root / f"{name}.gz", root / name):
-        if candidate.is_file():
-            return candidate
+    found = packed_or_plain(root, name)
+    if found is not None:
+        return found
     raise FileNotFoundError(f"Fashion-MNIST file {name}[.gz] not found in {root}: {hint}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import logging
 from pathlib import Path
@@ -10,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
+
+from .files import open_data
 
 __all__ = ["load_mnist5k", "mnist5k_path", "MNIST_MEAN", "MNIST_STD", "MNIST5K_TRAIN_FRACTION"]
 
@@ -110,9 +111,8 @@ def load_mnist5k(
 
 def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Pixels uint8 ``(N, 784)`` and labels int64 ``(N,)`` of a label-last MNIST CSV."""
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt") as fh:
+        with open_data(path, "rt") as fh:
             table = np.loadtxt(fh, delimiter=",", dtype=np.int64, ndmin=2)
     except (OSError, EOFError, ValueError) as exc:
         raise ValueError(f"cannot parse MNIST csv {path}: {exc}") from exc

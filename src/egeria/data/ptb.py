@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
+
+from .files import open_data, packed_or_plain
 
 __all__ = ["PTBCorpus", "LMWindows", "load_ptb", "EOS"]
 
@@ -154,12 +155,9 @@ def _texts_from_dir(root: Path) -> dict[str, str]:
         )
     texts: dict[str, str] = {}
     for split in _SPLITS:
-        path = root / f"ptb.{split}.txt"
-        packed = path.with_name(path.name + ".gz")
-        if packed.is_file():
-            texts[split] = gzip.decompress(packed.read_bytes()).decode("utf-8")
-        elif path.is_file():
-            texts[split] = path.read_text(encoding="utf-8")
-        else:
-            raise FileNotFoundError(f"PTB file {path} (or {packed.name}) not found")
+        path = packed_or_plain(root, f"ptb.{split}.txt")
+        if path is None:
+            raise FileNotFoundError(f"PTB file {root / f'ptb.{split}.txt'} (or its .gz) not found")
+        with open_data(path, "rt", encoding="utf-8") as fh:
+            texts[split] = fh.read()
     return texts
