@@ -341,3 +341,21 @@ def test_augmented_variants_are_the_seeded_draws_drawn_once_an_epoch(monkeypatch
         keyed.key(i)
         keyed[i]
     assert len(draws) == n
+
+
+def test_a_negative_index_is_the_same_item_key_and_variant_as_its_position():
+    def shift(x, g):  # a transform whose result shows the generator's seed
+        return x + torch.rand((), generator=g)
+
+    data = Augmented(images(), shift, variants=4, seed=3)
+    n = len(data)
+    keyed, plain_keyed = Keyed(data), Keyed(images())
+    for i in (1, n // 2, n - 1):
+        assert torch.equal(data[i - n][0], data[i][0])
+        assert data.key(i - n) == data.key(i) and keyed.key(i - n) == keyed.key(i)
+        assert plain_keyed.key(i - n) == i
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"index {bad} is out of range for a dataset of {n} items"):
+            data[bad]
+        with pytest.raises(IndexError, match=f"index {bad}"):
+            plain_keyed.key(bad)

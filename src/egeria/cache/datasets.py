@@ -23,6 +23,15 @@ __all__ = ["Augmented", "Keyed", "random_reason"]
 _MIX = 0x9E3779B97F4A7C15  # a large odd constant for mixing seeds
 
 
+def _position(index: int, length: int) -> int:
+    """``index`` as a position in ``0..length-1``: a negative index names the same sample
+    as ``index + length``, so it gets the same variant, transform and cache key."""
+    position = index + length if index < 0 else index
+    if not 0 <= position < length:
+        raise IndexError(f"index {index} is out of range for a dataset of {length} items")
+    return position
+
+
 class Augmented(Dataset):
     """``dataset`` with a pure, keyed augmentation.
 
@@ -56,10 +65,9 @@ class Augmented(Dataset):
         self.epoch = epoch
 
     def variant(self, index: int) -> int:
+        index = _position(index, len(self))
         if self.variants == 1:
             return 0
-        if index < 0:  # the same sample as index + len, so the same variant
-            index += len(self)
         if not self._drawn:
             self._drawn = array("i", [-1]) * len(self)
         drawn = self._drawn[index]
@@ -70,12 +78,14 @@ class Augmented(Dataset):
 
     def key(self, index: int) -> int:
         """The cache key of item ``index`` in the current epoch."""
+        index = _position(index, len(self))
         return index * self.variants + self.variant(index)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
+        index = _position(index, len(self))
         sample = self.dataset[index]
         g = torch.Generator().manual_seed((self.seed * _MIX + index * 7919 + self.variant(index)) % (2**63))
         if isinstance(sample, tuple):
@@ -92,6 +102,7 @@ class Keyed(Dataset):
         self.variants = dataset.variants if isinstance(dataset, Augmented) else 1
 
     def key(self, index: int) -> int:
+        index = _position(index, len(self))
         return self.dataset.key(index) if isinstance(self.dataset, Augmented) else index
 
     def __len__(self) -> int:
