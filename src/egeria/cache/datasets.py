@@ -65,29 +65,32 @@ class Augmented(Dataset):
         self.epoch = epoch
 
     def variant(self, index: int) -> int:
-        index = _position(index, len(self))
+        return self._variant_at(_position(index, len(self)))
+
+    def _variant_at(self, position: int) -> int:
+        """The variant of the sample at ``position`` (in ``0..len-1``) this epoch."""
         if self.variants == 1:
             return 0
         if not self._drawn:
             self._drawn = array("i", [-1]) * len(self)
-        drawn = self._drawn[index]
+        drawn = self._drawn[position]
         if drawn < 0:
-            g = torch.Generator().manual_seed((self.seed * _MIX + self.epoch * 1_000_003 + index) % (2**63))
-            drawn = self._drawn[index] = int(torch.randint(self.variants, (1,), generator=g))
+            g = torch.Generator().manual_seed((self.seed * _MIX + self.epoch * 1_000_003 + position) % (2**63))
+            drawn = self._drawn[position] = int(torch.randint(self.variants, (1,), generator=g))
         return drawn
 
     def key(self, index: int) -> int:
         """The cache key of item ``index`` in the current epoch."""
-        index = _position(index, len(self))
-        return index * self.variants + self.variant(index)
+        position = _position(index, len(self))
+        return position * self.variants + self._variant_at(position)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
-        index = _position(index, len(self))
-        sample = self.dataset[index]
-        g = torch.Generator().manual_seed((self.seed * _MIX + index * 7919 + self.variant(index)) % (2**63))
+        position = _position(index, len(self))
+        sample = self.dataset[position]
+        g = torch.Generator().manual_seed((self.seed * _MIX + position * 7919 + self._variant_at(position)) % (2**63))
         if isinstance(sample, tuple):
             return (self.transform(sample[0], g), *sample[1:])
         return self.transform(sample, g)
@@ -102,8 +105,9 @@ class Keyed(Dataset):
         self.variants = dataset.variants if isinstance(dataset, Augmented) else 1
 
     def key(self, index: int) -> int:
-        index = _position(index, len(self))
-        return self.dataset.key(index) if isinstance(self.dataset, Augmented) else index
+        if isinstance(self.dataset, Augmented):
+            return self.dataset.key(index)
+        return _position(index, len(self))
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
