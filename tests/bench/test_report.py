@@ -509,4 +509,24 @@ def test_the_pace_before_any_freeze_shows_whether_compared_runs_ran_alike(tmp_pa
     assert _row(rep, "resnet-fmnist", "egeria", 0)["unfrozen_s_per_step"] == pytest.approx(1.2)  # up to step 20
     md = (tmp_path / "report" / "report.md").read_text()
     assert "ms/step before any freeze" in md
-    assert any(line.startswith("| egeria | 0 |") and line.endswith("| 1200 |") for line in md.splitlines())
+    assert any(line.startswith("| egeria | 0 |") and line.endswith("| 1200 | 1.33x |") for line in md.splitlines())
+
+
+def test_the_whole_run_at_plains_pace_scales_by_the_steps_that_train_alike(tmp_path: Path) -> None:
+    # Two plain seeds: 20 and 22 s at step 20 (mean 21), 40 and 44 s in all (mean 42).
+    plains = [
+        _run("t", "none", seed, [w, 2 * w, 3 * w, 4 * w], [0.5, 0.7, 0.85, 0.90], 1000.0, layout="cpu")
+        for seed, w in ((0, 10.0), (1, 11.0))
+    ]
+    # The machine ran this run's unfrozen first 20 steps faster (16.8 s against 21 s: a pace of
+    # 0.8); its freeze at step 25 then saved time: 30 s in all, 1.4x against plain's 42 s,
+    # 1.4 x 0.8 = 1.12x at plain's pace.
+    linear = _run("t", "linear", 0, [8.4, 16.8, 23.4, 30.0], [0.5, 0.7, 0.85, 0.90], 800.0, layout="cpu")
+    linear["events"] = [{"step": 25, "action": "freeze", "modules": ["a"]}]
+    never = _run("t", "static", 0, [10.0, 20.0, 30.0, 40.0], [0.5, 0.7, 0.85, 0.90], 1000.0, layout="cpu")
+    rep = build_report(plains + [linear, never], tmp_path, plots=False)
+    assert _row(rep, "t", "linear", 0, "cpu")["pace_matched_speedup"] == pytest.approx(1.12)
+    assert _row(rep, "t", "static", 0, "cpu")["pace_matched_speedup"] is None  # nothing froze: nothing to scale
+    assert _row(rep, "t", "none", 0, "cpu")["pace_matched_speedup"] is None
+    md = (tmp_path / "report.md").read_text()
+    assert any(line.startswith("| linear | 0 |") and line.endswith("| 1.12x |") for line in md.splitlines())

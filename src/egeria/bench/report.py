@@ -107,17 +107,37 @@ def _time_to_target(run: dict, target: float, higher_is_better: bool) -> tuple[f
     return None
 
 
-def _unfrozen_pace(run: dict) -> float | None:
-    """Training seconds per step while nothing was frozen: at the last record up to the
-    first freeze (a plain run: its last record). It shows whether runs compared with each
-    other ran at the same pace before freezing could make any difference (runs made in
-    different sessions of one machine can differ by 20%)."""
+def _last_unfrozen_record(run: dict) -> dict | None:
+    """The last record up to the run's first freeze (a plain run: its last record)."""
     freezes = [e["step"] for e in run.get("events", []) if e.get("action") == "freeze"]
     until = min(freezes) if freezes else math.inf
     before = [rec for rec in run["records"] if rec.get("step") and rec["step"] <= until]
-    if not before:
+    return before[-1] if before else None
+
+
+def _unfrozen_pace(run: dict) -> float | None:
+    """Training seconds per step while nothing was frozen. It shows whether runs compared
+    with each other ran at the same pace before freezing could make any difference (runs
+    made in different sessions of one machine can differ by 20%)."""
+    rec = _last_unfrozen_record(run)
+    return float(rec["wall_time_s"]) / rec["step"] if rec else None
+
+
+def _pace_matched_speedup(run: dict, plain: list[dict]) -> float | None:
+    """The whole-run speedup over the plain seeds' mean wall time, the run's time scaled by
+    how much faster or slower the machine ran its unfrozen prefix than it ran the same steps
+    of the plain seeds (training that is identical up to the first freeze). ``None`` for a
+    plain run, a run that froze before its first record, or plain seeds without a record
+    at that step."""
+    rec = _last_unfrozen_record(run)
+    if run["policy"] == "none" or not plain or rec is None or rec["step"] >= run["records"][-1]["step"]:
         return None
-    return float(before[-1]["wall_time_s"]) / before[-1]["step"]
+    at_step = [next((p["wall_time_s"] for p in r["records"] if p.get("step") == rec["step"]), None) for r in plain]
+    if None in at_step:
+        return None
+    pace = _ratio(float(rec["wall_time_s"]), _mean([float(t) for t in at_step]))  # the run's time / plain's
+    whole = _ratio(_mean([float(r["final"]["wall_time_s"]) for r in plain]), float(run["final"]["wall_time_s"]))
+    return whole * pace if (whole is not None and pace is not None) else None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -226,6 +246,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
             "efficiency": _ratio(speedup, ideal),
             "backward_flops_vs_plain": _ratio(r["final"].get("total_backward_flops"), ref_backward),
             "unfrozen_s_per_step": _unfrozen_pace(r),
+            "pace_matched_speedup": None if untimed else _pace_matched_speedup(r, timed),
             "source": r.get("source"),
         })
 
@@ -319,8 +340,8 @@ def _fmt_mlperf_tta(data: dict, row: dict | None) -> str:
 def _table(data: dict, metric: str) -> list[str]:
     lines = [
         f"| policy | seed | final {metric} | wall time (s) | TTA (s) | TTA speedup | MLPerf-style TTA (s) "
-        "| MLPerf-style TTA speedup | FLOP-ideal speedup | efficiency | backward FLOPs vs plain | ms/step before any freeze |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| MLPerf-style TTA speedup | FLOP-ideal speedup | efficiency | backward FLOPs vs plain | ms/step before any freeze | whole run at plain's pace |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in data["rows"]:
         pace = row.get("unfrozen_s_per_step")
@@ -329,7 +350,7 @@ def _table(data: dict, metric: str) -> list[str]:
             f"| {_fmt_tta(data, row)} | {_fmt_ratio(row['tta_speedup'])} | {_fmt_mlperf_tta(data, row)} "
             f"| {_fmt_ratio(row.get('mlperf_tta_speedup'))} | {_fmt_ratio(row['ideal_speedup'])} "
             f"| {_fmt_float(row['efficiency'])} | {_fmt_float(row['backward_flops_vs_plain'])} "
-            f"| {'n/a' if pace is None else f'{1000 * pace:.0f}'} |"
+            f"| {'n/a' if pace is None else f'{1000 * pace:.0f}'} | {_fmt_ratio(row.get('pace_matched_speedup'))} |"
         )
     return lines
 
@@ -451,7 +472,10 @@ _TTA_WORDS = (
     "of the plain seeds that recorded theirs (format-2 runs only). Seed noise: a run's distance from the "
     "plain seeds' mean final metric against their spread (max - min). Ms/step before any freeze: training "
     "time per step up to the run's first freeze (a plain run: over the whole run); runs compared with "
-    "each other should show the same pace there, since nothing differs yet."
+    "each other should show the same pace there, since nothing differs yet. Whole run at plain's pace: the plain "
+    "seeds' mean wall time / the run's, the run's scaled by the plain seeds' time / its own at its last record "
+    "before the first freeze (the steps that train alike), so that a machine running faster or slower for "
+    "one run than for another does not read as a speedup."
 )
 
 
