@@ -103,7 +103,8 @@ def _gain(metric: float, against: float, higher_is_better: bool) -> float:
 
 
 def study() -> list[dict]:
-    from egeria.knowledge.rule import LOW_LR_SHARE, at_most
+    from egeria.config import SPEEDS
+    from egeria.knowledge.rule import at_most
 
     rows = []
     paths = [(p, p.parent) for p in sorted(RUNS.glob("*/*/egeria*-seed*.json"))]
@@ -119,7 +120,7 @@ def study() -> list[dict]:
         peak, mass = max(lrs), sum(lrs)
         worst = (min if higher else max)(plain.values())
         final = run["final"]["metric"]
-        low = [s for s, lr in enumerate(lrs) if at_most(lr / peak, LOW_LR_SHARE)]
+        low = [s for s, lr in enumerate(lrs) if at_most(lr / peak, SPEEDS["safe"])]
 
         def bound(step: int) -> int | None:
             return next((s for s in low if s >= step), None)

@@ -256,7 +256,7 @@ def _params_of(model, eg, module_name):
         ("executor", "gpu"),
         ("start_method", "clone"),
         ("cpu_threshold", 1.5),
-        ("controller_timeout", 0),
+        ("speed", "turbo"),
         ("horizon", 0.0),
         ("horizon", float("nan")),
         ("floor_ratio", -1.0),

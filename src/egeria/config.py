@@ -10,7 +10,9 @@ from typing import Any, Mapping, Sequence, Union
 
 from .checks import check_int
 
-__all__ = ["EgeriaConfig", "RULES", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS", "UNFREEZE_LR_DROP"]
+__all__ = [
+    "EgeriaConfig", "RULES", "SPEEDS", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS", "UNFREEZE_LR_DROP",
+]
 
 #: Freezing rules of Egeria's own policy.
 RULES = ("paper", "egeria")
@@ -21,6 +23,14 @@ RULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "paper": {"window": 10, "horizon": None, "max_frozen_flops": None, "probe_size": None, "floor_ratio": None},
     "egeria": {"window": 3, "horizon": 0.0005, "max_frozen_flops": 0.75, "probe_size": 32, "floor_ratio": 8.0},
 }
+#: The points on the speed-accuracy frontier a user picks with ``EgeriaConfig.speed``: under
+#: Egeria's rule, the learning rate, as a share of the run's peak, at or under which a module
+#: that has settled but is not at its floor may freeze (docs/decisions/031-speed-knob.md).
+#: "safe": after a step schedule's two tenfold decays, the last few percent of a cosine;
+#: "balanced": a third of the way between; "fast": after one tenfold decay.
+SPEEDS: dict[str, float] = {"safe": 0.01, "balanced": 0.03, "fast": 0.1}
+#: Seconds without a heartbeat after which the controller counts as hung.
+CONTROLLER_TIMEOUT = 120.0
 #: The learning-rate drop since the frontmost module froze that unfreezes every module,
 #: per rule: the paper's 10x step decay, and never under Egeria's own (its modules freeze
 #: once the drift still to come is small, after the decays that matter, and unfreezing
@@ -56,6 +66,7 @@ REMOVED = {
     "max_frozen": "removed: max_frozen_flops caps the frozen share of the model's weight computation",
     "fixed_probe": "removed: a fixed probe did not make readings quieter (docs/decisions/013-fixed-probe.md)",
     "max_frozen_params": "removed: max_frozen_flops caps the frozen share of the model's weight computation",
+    "controller_timeout": "removed: a controller silent for egeria.config.CONTROLLER_TIMEOUT seconds (120) counts as hung",
 }
 #: Precisions the reference model can run in.
 PRECISIONS = ("auto", "int8", "bf16", "fp32")
@@ -148,6 +159,17 @@ class EgeriaConfig:
     # own, 0.0005 (egeria; see docs/decisions/008-horizon.md) or none (paper: the slope
     # alone decides); 1.0 turns both conditions off.
     horizon: float | None = None
+    # The point on the speed-accuracy frontier (Egeria's rule): how low the learning rate
+    # must have come, as a share of the run's peak, before a module that has settled but
+    # still moves (is not at its floor) may freeze. "safe" (default): 1/100, after a step
+    # schedule's second tenfold decay or in the last few percent of a cosine; every freeze
+    # measured there cost nothing. "balanced": 1/30. "fast": 1/10, after a step schedule's
+    # first decay. A number in (0, 1] is that share itself (1.0: no bound). The lower the
+    # bound, the later and safer the freeze; the measured cost and speedup of each value per
+    # task are in docs/decisions/031-speed-knob.md. Quiet modules
+    # (floor_ratio) freeze at any learning rate whatever the value. The paper's rule and the
+    # baseline policies ignore it.
+    speed: Union[str, float] = "safe"
     # A module also freezes after W readings in a row whose smoothed plasticity is at most
     # this many times its *floor*: what a reading reads when the module has not moved (the
     # reference's own error, measured after each refresh at one more reference forward),
@@ -190,8 +212,6 @@ class EgeriaConfig:
     # The controller runs a reference forward pass only while other processes use less
     # than this share of the machine's CPU time (the paper's 50%); None never waits.
     cpu_threshold: float | None = 0.5
-    # Seconds without a heartbeat after which the controller counts as hung.
-    controller_timeout: float = 120.0
     # The rule-dependent fields that were left at None and took the rule's values (so
     # that replace() with another rule takes that rule's).
     _from_rule: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
@@ -220,6 +240,7 @@ class EgeriaConfig:
         if self.horizon is not None:
             _check_positive(self, "horizon", share="of a module's largest drift still to come")
         _check_optional_ratio(self, "floor_ratio")
+        _check_speed(self.speed)
         if self.max_frozen_flops is not None:
             _check_positive(self, "max_frozen_flops", share="of the model's weight computation; None: no cap")
         if self.cost_budget is not None:
@@ -272,7 +293,6 @@ class EgeriaConfig:
             )
         if self.cpu_threshold is not None:
             _check_positive(self, "cpu_threshold", share="of the machine's CPU time, 0.5 for 50%; None: never wait")
-        _check_positive(self, "controller_timeout", unit=" seconds")
         from .policies import POLICIES
 
         names = ["egeria", *POLICIES]
@@ -362,6 +382,30 @@ def _check_optional_ratio(cfg: EgeriaConfig, name: str) -> None:
         raise ValueError(f"EgeriaConfig.{name}={value!r} {_not_a_number(value, 'a number >= 0; 0: off')}")
     if value < 0:
         raise ValueError(f"EgeriaConfig.{name}={value!r} must be >= 0 (0: off; None: the rule's own)")
+
+
+def lr_bound(speed: str | float) -> float:
+    """The learning-rate share of the run's peak that ``EgeriaConfig.speed`` names."""
+    return SPEEDS[speed] if isinstance(speed, str) else float(speed)
+
+
+def _check_speed(speed: object) -> None:
+    """One of SPEEDS' names, or a share of the peak learning rate in (0, 1]."""
+    if isinstance(speed, str):
+        if speed in SPEEDS:
+            return
+        problem = "is not one of " + ", ".join(map(repr, SPEEDS))
+    elif not _finite_number(speed):
+        problem = "must be one of " + ", ".join(map(repr, SPEEDS)) + " or a number in (0, 1]" + (
+            f", not {type(speed).__name__}" if not isinstance(speed, float) else " (finite)")
+    elif not 0 < speed <= 1:
+        problem = "must be in (0, 1] (a share of the run's peak learning rate)"
+    else:
+        return
+    raise ValueError(
+        f"EgeriaConfig.speed={speed!r} {problem}; it says how low the learning rate must be, as a share of "
+        "its peak, before a settled module may freeze ('safe', the default: 1/100)"
+    )
 
 
 def _check_cpus(cpus: object) -> None:

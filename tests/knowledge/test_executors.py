@@ -222,11 +222,12 @@ def _warnings(caplog) -> list[str]:
     "executor, trap", [("process", "raise"), ("thread", "raise"), ("inline", "raise"), ("process", "hang"), ("thread", "hang")]
 )
 @pytest.mark.slow
-def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, executor, trap):
+def test_a_broken_controller_is_reported_once_and_training_goes_on(caplog, monkeypatch, executor, trap):
+    monkeypatch.setattr("egeria.knowledge.policy.CONTROLLER_TIMEOUT", 1.0)
     torch.manual_seed(0)
     model = Trapped(trap)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    config = quick_config(executor=executor, controller_timeout=1.0, cpu_threshold=None)
+    config = quick_config(executor=executor, cpu_threshold=None)
     eg = egeria.Egeria(model, opt, config=config)
     before = None
     with caplog.at_level(logging.WARNING, logger="egeria"):

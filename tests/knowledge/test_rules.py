@@ -14,7 +14,8 @@ import egeria
 from egeria.knowledge.executors import InlineExecutor
 from egeria.knowledge.protocol import Readout, Request
 from egeria.knowledge.reference import ReferenceModel
-from egeria.knowledge.rule import LOW_LR_SHARE, FrontRule, Outlook, RuleSettings, at_most
+from egeria.config import SPEEDS
+from egeria.knowledge.rule import FrontRule, Outlook, RuleSettings, at_most
 from egeria.knowledge.service import ControllerSpec
 from egeria.knowledge.weights import float_snapshot
 from fakes import Recorder
@@ -250,10 +251,10 @@ def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_the_larg
 
 def test_a_settled_module_waits_for_the_learning_rate_to_come_down_to_the_bound_of_the_peak():
     """Egeria's criterion: a module whose slope is flat and whose outlook is within the
-    horizon still waits for a learning rate at most LOW_LR_SHARE of the highest the rule was
+    horizon still waits for a learning rate at most SPEEDS["safe"] of the highest the rule was
     told of (the schedule's peak or any reading's); a rate built as 0.1 * 0.1 * peak is at
     the bound; a quiet module freezes at any rate; the paper's rule has no bound."""
-    settings = RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.5, floor_ratio=4.0, low_lr=LOW_LR_SHARE)
+    settings = RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.5, floor_ratio=4.0, low_lr=SPEEDS["safe"])
     peak = 0.1
     rule = FrontRule(settings)
     for ahead in (0.9, 0.5, 0.1, 0.05, 0.05, 0.05):  # flat, the mass ahead runs out, at a tenth of the peak
@@ -261,8 +262,8 @@ def test_a_settled_module_waits_for_the_learning_rate_to_come_down_to_the_bound_
     assert rule.outlook(0).share <= 0.5 and rule.watches[0].stale >= 2
     assert rule.lr_share == pytest.approx(0.1) and not rule.settled(0)
     rule.read(0, 1.0, peak * 0.1 * 0.1, mass=0.01, ahead=0.01)  # the second tenfold drop
-    assert peak * 0.1 * 0.1 > LOW_LR_SHARE * peak  # in floats, a hair above the bound
-    assert rule.lr_share == pytest.approx(LOW_LR_SHARE) and rule.settled(0)
+    assert peak * 0.1 * 0.1 > SPEEDS["safe"] * peak  # in floats, a hair above the bound
+    assert rule.lr_share == pytest.approx(SPEEDS["safe"]) and rule.settled(0)
     rule.read(0, 1.0, 0.5, mass=0.01, ahead=0.01)  # a reading above the peak raises it
     assert rule.peak == 0.5 and not rule.settled(0)
     # the peak and the latest rate go through a checkpoint; a state without them loads
@@ -302,7 +303,8 @@ def test_a_schedule_that_never_comes_down_to_the_bound_says_so_once_and_freezes_
                and row["outlook_share"] <= 0.5]
     assert settled, "the test needs a module the bound alone holds back"
     ended = [r.getMessage() for r in caplog.records if "nothing frozen" in r.getMessage()]
-    assert len(ended) == 1 and "of its peak, against 0.01" in ended[0]
+    assert len(ended) == 1 and "of its peak, above the 0.01 that speed='safe' allows" in ended[0]
+    assert "the schedule never comes down that low" in ended[0]
     # the same run under the paper's rule is not told
     caplog.clear()
     model = Chain()
@@ -452,7 +454,7 @@ def test_one_criterion_reads_the_mass_ahead_from_any_schedule_and_freezes_under_
         row = next(r for r in history if r["step"] == d.evaluated_at and r["module"] == d.modules[0])
         assert row["outlook_share"] is not None and row["outlook_share"] <= 0.2
         assert row["lr_share"] == pytest.approx(row["lr"] / schedule.peak)
-        assert at_most(row["lr_share"], LOW_LR_SHARE), (kind, row)
+        assert at_most(row["lr_share"], SPEEDS["safe"]), (kind, row)
         assert "of its peak" in d.reason
 
 
@@ -497,7 +499,7 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     config = egeria.EgeriaConfig(window=4, horizon=0.01, floor_ratio=6.0)
     policy = egeria.KnowledgeGuided(config)
     assert policy.rule_settings == RuleSettings(
-        window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=LOW_LR_SHARE
+        window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=SPEEDS["safe"]
     )
     paper = egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).rule_settings
     assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio, paper.low_lr) == (10, None, False, None, None)

@@ -203,7 +203,7 @@ class Controller:
         """One module's reading through its rule; the history row."""
         lr = request.lr
         reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead,
-                                 peak=request.lr_peak)
+                                 peak=request.lr_peak, regime=request.regime)
         if not reading.counted:
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", request.step, lr,
                          self._name(index))

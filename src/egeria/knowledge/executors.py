@@ -15,7 +15,7 @@ so the same sequence of evaluations gives the same readings and decisions by con
   evaluation, or discards it.
 
 Faults never stop training: a controller that raises, exits or stops beating its heart
-for ``controller_timeout`` seconds is reported once (:attr:`failure`) and gives no more
+for ``egeria.config.CONTROLLER_TIMEOUT`` seconds is reported once (:attr:`failure`) and gives no more
 answers; the engine then trains on with the modules frozen so far. A controller process
 that exits before it is ready is replaced by a thread; one that exits with
 :data:`~egeria.knowledge.mainguard.GUARD_EXIT` found itself re-running a script without the

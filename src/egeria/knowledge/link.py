@@ -44,6 +44,7 @@ class _Evaluation:
     lr: float | None = None  # the learning rate of its step
     mass_ahead: float | None = None  # the learning-rate mass still to come after its step
     lr_peak: float | None = None  # the schedule's highest learning rate
+    regime: int | None = None  # the schedule's latest jump at or before its step (-1: none)
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -62,7 +63,7 @@ class ControllerLink:
         hooked: the training activations come from the training forward pass
             (``activation_mode="train"``) rather than the controller's eval-mode copy.
         span: how many modules, from the front one, each evaluation reads.
-        max_in_flight, timeout: for a replacement controller (`egeria.config.MAX_IN_FLIGHT`, `EgeriaConfig.controller_timeout`).
+        max_in_flight, timeout: for a replacement controller (`egeria.config.MAX_IN_FLIGHT`, `egeria.config.CONTROLLER_TIMEOUT`).
     """
 
     def __init__(
@@ -125,18 +126,20 @@ class ControllerLink:
         lr: Callable[[], float] | None = None,
         mass_ahead: Callable[[], float | None] | None = None,
         lr_peak: Callable[[], float | None] | None = None,
+        regime: Callable[[], int | None] | None = None,
     ) -> None:
         """A training forward pass of ``step`` starts: capture its batch if armed, and send
         the request now when ``send`` (guided freezing is on) and the batch is on the host
         already (on the CPU; a device's copy is sent at the step boundary instead). ``batch``,
         ``lr``, ``mass_ahead`` (the sum of the learning rates of the steps after it) and
-        ``lr_peak`` (the schedule's highest learning rate; both None where not known) are
-        read only when the step is armed: this runs at every forward pass."""
+        ``lr_peak`` (the schedule's highest learning rate) and ``regime`` (the step of the
+        schedule's latest jump of 2x or more, -1: none; each None where not known) are read
+        only when the step is armed: this runs at every forward pass."""
         if self.armed_for != step or self.evaluation is not None:
             return
         evaluation = _Evaluation(
             step, module, batch(), lr=None if lr is None else lr(), mass_ahead=None if mass_ahead is None else mass_ahead(),
-            lr_peak=None if lr_peak is None else lr_peak(),
+            lr_peak=None if lr_peak is None else lr_peak(), regime=None if regime is None else regime(),
         )
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
@@ -200,6 +203,7 @@ class ControllerLink:
             evaluation.lr,
             evaluation.mass_ahead,
             evaluation.lr_peak,
+            evaluation.regime,
         )
         try:
             sent = self.executor.offer(request)

@@ -82,20 +82,32 @@ class ModuleWatch:
     stale: int = 0
     readings: int = 0
     lr: float | None = None  # the learning rate of the latest reading, where known
+    regime: int | None = None  # the schedule's latest jump at the latest reading, where known
     straddling: bool = False  # the coming reading spans a learning-rate change
     floors: list[float] = field(default_factory=list)  # the last W floors
     quiet: int = 0
 
-    def new_regime(self, lr: float) -> bool:
-        """Notes the learning rate of the coming reading; at a change of ``REGIME_CHANGE``x
-        or more since the previous one, the moving average, its slope and the stale count
-        start afresh (the tolerance stays), and the coming reading joins neither regime: it
-        compares the model after the change with a reference from before it. A large LR
-        drop moves the plasticity level within a few readings, and an average straddling the
-        drop reads as a steep slope for W readings after it
-        (docs/decisions/014-lr-regimes.md). True at a restart."""
+    def new_regime(self, lr: float, regime: int | None = None) -> bool:
+        """Notes the learning rate of the coming reading and, where the schedule is known,
+        its ``regime`` (the step of the schedule's latest jump of ``REGIME_CHANGE``x or more
+        from one step to the next). At a new regime the moving average, its slope and the
+        stale count start afresh (the tolerance stays), and the coming reading joins neither
+        regime: it compares the model after the jump with a reference from before it. A large
+        LR drop moves the plasticity level within a few readings, and an average straddling
+        the drop reads as a steep slope for W readings after it
+        (docs/decisions/014-lr-regimes.md). A new regime is a jump of the schedule since the
+        previous reading; a continuous decay is none, even where it halves the rate between
+        two readings, as a cosine does near its end (restarting there kept every watch from
+        ever holding W readings). Without a known schedule, a change of ``REGIME_CHANGE``x
+        or more since the previous reading stands for a jump. True at a restart."""
         previous, self.lr = self.lr, lr
-        if previous is None or lr <= 0 or previous <= 0 or max(lr / previous, previous / lr) < REGIME_CHANGE:
+        previous_regime, self.regime = self.regime, regime
+        if regime is not None and previous_regime is not None:
+            jumped = regime != previous_regime
+        else:
+            jumped = not (previous is None or lr <= 0 or previous <= 0
+                          or max(lr / previous, previous / lr) < REGIME_CHANGE)
+        if not jumped:
             return False
         self.raw, self.smoothed, self.stale = [], [], 0
         self.floors, self.quiet = [], 0
@@ -152,6 +164,7 @@ class ModuleWatch:
             "stale": self.stale,
             "readings": self.readings,
             "lr": self.lr,
+            "regime": self.regime,
             "straddling": self.straddling,
             "floor_ratio": self.floor_ratio,
             "floors": list(self.floors),
@@ -178,10 +191,11 @@ class ModuleWatch:
                 "stale": integer(0),
                 "readings": integer(0),
                 "lr": optional(number(0)),
+                "regime": optional(integer(-1)),
                 "straddling": boolean,
                 "floors": items(number(0)),
                 "quiet": integer(0),
             },
             optional=("floor_ratio", "raw", "smoothed", "first_slopes", "tolerance", "stale", "readings",
-                      "lr", "straddling", "floors", "quiet"),
+                      "lr", "regime", "straddling", "floors", "quiet"),
         )

@@ -30,8 +30,8 @@ from torch import nn
 from ..checkpoint.saved_state import SavedContext
 from ..checkpoint.statecheck import Spec, boolean, integer, number, optional, record, text
 from ..config import (
-    BOOTSTRAP_CHANGE_RATE, MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
-    UNFREEZE_LR_DROP, EgeriaConfig,
+    BOOTSTRAP_CHANGE_RATE, CONTROLLER_TIMEOUT, MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
+    UNFREEZE_LR_DROP, EgeriaConfig, lr_bound,
 )
 from ..decision import Decision
 from ..hooks import mark
@@ -44,8 +44,9 @@ from .controller import Controller
 from .device import HostCopy, LocalCopy, handoff
 from .executors import Executor, make_executor
 from .link import ControllerLink
+from .plasticity import REGIME_CHANGE
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
-from .rule import LOW_LR_SHARE, RuleSettings, at_most
+from .rule import RuleSettings, at_most
 from .service import ControllerSpec
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
@@ -79,7 +80,7 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         horizon=config.horizon,
         regimes=config.rule == "egeria",
         floor_ratio=config.floor_ratio or None,
-        low_lr=LOW_LR_SHARE if config.rule == "egeria" else None,
+        low_lr=lr_bound(config.speed) if config.rule == "egeria" else None,
     )
 
 
@@ -157,7 +158,7 @@ class KnowledgeGuided:
             hooked=self.config.activation_mode == "train",
             span=self.span,
             max_in_flight=MAX_IN_FLIGHT,
-            timeout=self.config.controller_timeout,
+            timeout=CONTROLLER_TIMEOUT,
         )
 
     def target(self, info: StepInfo) -> Move | None:
@@ -248,23 +249,80 @@ class KnowledgeGuided:
                 + (f"; the controller failed: {failure}" if failure else "") + "; eg.controller_stats has the counts)"
             )
         last = history[-1]
-        parts = [f"its readings' slope within tolerance for {last.get('stale', 0)} of W={self.window} readings"]
-        horizon, share = self.config.horizon, last.get("outlook_share")
-        if horizon is not None and horizon < 1:
-            parts.append(
-                "no drift still to come known (an unknown schedule: pass lr_scheduler= and total_steps=)" if share is None
-                else f"drift still to come {share:.2g} of its largest, against horizon={horizon:g}"
-            )
-        low, lr_share = self.rule_settings.low_lr, last.get("lr_share")
-        if low is not None and lr_share is not None and self._horizon_on():
-            parts.append(f"learning rate {lr_share:.2g} of its peak, against {low:g}")
-        if self.config.floor_ratio and last.get("floor"):
-            parts.append(f"plasticity {last['smoothed'] / last['floor']:.3g}x its floor, against "
-                         f"floor_ratio={self.config.floor_ratio:g}")
         return (
             f"the front module {last['module']!r} had not settled by its last reading (step {last['step']}): "
-            + "; ".join(parts) + " (modules settle late in most schedules; a run that ends first gains nothing)"
+            + "; ".join(self._blockers(last)) + " (modules settle late in most schedules; a run that ends first gains nothing)"
         )
+
+    def _blockers(self, last: dict) -> list[str]:
+        """The conditions of the rule that the front module's last reading ``last`` did not
+        meet, each with its figures; those it met are left out."""
+        blocked = []
+        if last.get("stale", 0) < self.window:
+            blocked.append(f"its readings' slope within tolerance for {last.get('stale', 0)} of W={self.window} readings")
+        if self._horizon_on():
+            horizon, share = self.config.horizon, last.get("outlook_share")
+            if share is None:
+                blocked.append(
+                    "no drift still to come known (an unknown schedule: pass lr_scheduler= and total_steps=)"
+                    if last.get("mass_ahead") is None
+                    else "no pace measured since the schedule's last jump (a module's readings start afresh at one)"
+                )
+            elif share > horizon:
+                blocked.append(f"drift still to come {share:.2g} of its largest, against horizon={horizon:g}")
+            low, lr_share = self.rule_settings.low_lr, last.get("lr_share")
+            if low is not None and lr_share is not None and not at_most(lr_share, low):
+                below = self._steps_under_bound()
+                blocked.append(
+                    f"learning rate {lr_share:.2g} of its peak, above the {low:g} that speed={self.config.speed!r} "
+                    "allows a module still learning"
+                    + (" (the schedule never comes down that low)" if below == 0 else
+                       f" (only the run's last {below} steps are at or under it, fewer than the n={self.eval_interval} "
+                       "between two readings)" if below is not None and below < (self.eval_interval or 0) else "")
+                    + "; speed='balanced' or 'fast' freeze earlier, at some cost in accuracy"
+                )
+        if not blocked:
+            blocked.append("its last readings met the rule too late for a freeze to be applied before the run ended")
+        if self.config.floor_ratio and last.get("floor"):
+            blocked.append(f"nor was it quiet: plasticity {last['smoothed'] / last['floor']:.3g}x its floor, against "
+                           f"floor_ratio={self.config.floor_ratio:g}")
+        return blocked
+
+    def _steps_under_bound(self) -> int | None:
+        """How many of the run's last steps train at a learning rate at most the rule's
+        bound (``speed``): where a module still learning may freeze (None: no schedule
+        known, or no bound)."""
+        assert self._binding is not None
+        schedule, low = self._binding.lr_schedule(), self.rule_settings.low_lr
+        if schedule is None or low is None:
+            return None
+        lrs = schedule.lrs.tolist()
+        first = len(lrs)
+        while first > 0 and at_most(lrs[first - 1] / schedule.peak, low):
+            first -= 1
+        return len(lrs) - first
+
+    def _room(self) -> int | None:
+        """The longest n that leaves a module still learning the readings it needs in some
+        regime of the schedule (the steps between two jumps, where its watch runs on): W + 2
+        readings in the regime (one straddles the jump, W + 1 make W slopes) and one at a
+        rate at or under the bound. None: no regime comes down to the bound, or no schedule
+        or bound is known."""
+        if not self._horizon_on():
+            return None
+        assert self._binding is not None
+        schedule, low = self._binding.lr_schedule(), self.rule_settings.low_lr
+        if schedule is None or low is None:
+            return None
+        lrs = schedule.lrs.tolist()
+        ends, rooms = [len(lrs)], []
+        while ends[0] > 0:
+            ends.insert(0, max(schedule.last_jump(ends[0] - 1, REGIME_CHANGE), 0))
+        for start, end in zip(ends, ends[1:]):
+            below = sum(1 for lr in lrs[start:end] if at_most(lr / schedule.peak, low))
+            if below:
+                rooms.append(min((end - start) // (self.window + 2), below))
+        return max(1, max(rooms)) if rooms else None
 
     # -- the steps of target() ----------------------------------------------------------
 
@@ -319,7 +377,20 @@ class KnowledgeGuided:
         if self.config.eval_interval is not None:
             logger.warning("Egeria: %s; eval_interval=%d is kept as set (n=%d would meet it)", figures, self.eval_interval, needed)
             return
-        logger.info("Egeria: %s; n is now %d", figures, needed)
+        room = self._room()
+        if room is not None and needed > max(room, self.eval_interval):
+            # a longer n would leave a module still learning too few readings after the
+            # schedule's last jump, or none at a low enough rate: nothing could freeze
+            room = max(room, self.eval_interval)
+            logger.info(
+                "Egeria: %s; n is now %d, not %d, so that a module still learning keeps the readings it needs where it "
+                "may freeze (W + 2 = %d in a regime of the schedule, one of them at or under speed=%r's learning rate); "
+                "the readings take %.1f%%",
+                figures, room, needed, self.window + 2, self.config.speed, 100 * self.budget.share(room),
+            )
+            needed = room
+        else:
+            logger.info("Egeria: %s; n is now %d", figures, needed)
         self.eval_interval = needed
 
     def _record_loss(self, loss: torch.Tensor | float | None) -> None:
@@ -372,6 +443,7 @@ class KnowledgeGuided:
                 lambda: current_lr(binding.optimizer),
                 self._mass_ahead,
                 self._lr_peak,
+                self._lr_regime,
             )
 
     def _mass_ahead(self) -> float | None:
@@ -404,6 +476,13 @@ class KnowledgeGuided:
                     "stretch", low, lowest,
                 )
         return schedule.lr_sum(self._binding.step() + 1)  # the evaluated step is the next one taken
+
+    def _lr_regime(self) -> int | None:
+        """The step of the schedule's latest jump at or before the evaluated step (-1: none;
+        None: the schedule is not known)."""
+        assert self._binding is not None
+        schedule = self._binding.lr_schedule()
+        return None if schedule is None else schedule.last_jump(self._binding.step(), REGIME_CHANGE)  # the step in progress, from 0
 
     def _horizon_on(self) -> bool:
         """Whether Egeria's criterion (the drift still to come) is on."""
@@ -489,7 +568,7 @@ class KnowledgeGuided:
             self.executor_kind,
             spec,
             max_in_flight=MAX_IN_FLIGHT,
-            timeout=cfg.controller_timeout,
+            timeout=CONTROLLER_TIMEOUT,
             start_method=cfg.start_method,
         )
 

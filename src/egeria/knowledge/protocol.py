@@ -38,6 +38,8 @@ class Request:
         mass_ahead: the learning-rate mass still to come: the sum of the learning rates of
             the steps after the evaluated one (None: the schedule is not known).
         lr_peak: the schedule's highest learning rate (None: the schedule is not known).
+        regime: the step of the schedule's latest jump of 2x or more at or before ``step``
+            (-1: none yet; None: the schedule is not known): readings of one regime share it.
     """
 
     seq: int
@@ -50,6 +52,7 @@ class Request:
     lr: float | None = None
     mass_ahead: float | None = None
     lr_peak: float | None = None
+    regime: int | None = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ much mass is ahead. Without a known schedule (``ReduceLROnPlateau``, an unknown 
 outlook exists, and only quiet modules freeze.
 
 And a module that is not quiet freezes only once the learning rate has come down to
-``low_lr`` of the run's peak (:data:`LOW_LR_SHARE`, 1/100, under Egeria's criterion): a
+``low_lr`` of the run's peak (``EgeriaConfig.speed``: 1/100 by default): a
 frozen module keeps the iterate it had, and under a schedule that decays continuously the
 end of training lowers the loss by annealing the weights while they hardly move, which the
 drift still to come does not see. Every freeze measured at 1/100 of the peak or lower
@@ -49,11 +49,8 @@ from typing import Sequence
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["LOW_LR_SHARE", "FrontRule", "Outlook", "RuleSettings", "at_most"]
+__all__ = ["FrontRule", "Outlook", "RuleSettings", "at_most"]
 
-# Egeria's criterion: a module not at its floor freezes once the learning rate is at most
-# this share of the run's peak (the last phase of the step recipe, two tenfold decays).
-LOW_LR_SHARE = 0.01
 # Learning rates are products of factors (0.1 * 0.1 * lr is not 0.01 * lr in floats): a
 # rate this close above the bound is at it.
 _LR_SLACK = 1e-6
@@ -179,12 +176,15 @@ class FrontRule:
         self.outlooks: dict[int, Outlook] = {}  # kept across restarts: their largest is the run's
 
     def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None, *,
-             mass: float | None = None, ahead: float | None = None, peak: float | None = None) -> Reading:
+             mass: float | None = None, ahead: float | None = None, peak: float | None = None,
+             regime: int | None = None) -> Reading:
         """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
         not known), with its floor where measured, through its watch; ``mass`` is the
         learning-rate mass the reading's interval held (the sum of its steps' learning
-        rates), ``ahead`` the mass still to come after it and ``peak`` the schedule's
-        highest learning rate (None: the schedule is not known).
+        rates), ``ahead`` the mass still to come after it, ``peak`` the schedule's
+        highest learning rate and ``regime`` the step of the schedule's latest jump
+        (:meth:`egeria.lr_schedule.LRSchedule.last_jump`; each None: the schedule is not
+        known, and a 2x change of ``lr`` since the previous reading marks a new regime).
 
         Raises:
             ValueError: for a value that is not a finite number.
@@ -195,7 +195,7 @@ class FrontRule:
         outlook = self.outlooks.get(index)
         if outlook is None:
             outlook = self.outlooks[index] = Outlook(self.window)
-        if self.regimes and lr is not None and watch.new_regime(lr):
+        if self.regimes and lr is not None and watch.new_regime(lr, regime):
             outlook.restart()
         self.lr = lr
         for known in (lr, peak):
