@@ -259,9 +259,11 @@ def _train(
     config: EgeriaConfig | None,
     total_steps: int,
     progress: bool,
+    unfreeze_rule: Any = None,
 ) -> tuple[dict, dict]:
     """One run; the Egeria one when ``config`` is given, trained through Egeria's activation
-    cache (batches unchanged: a frozen prefix's outputs are served where that is faster).
+    cache (batches unchanged: a frozen prefix's outputs are served where that is faster),
+    with ``unfreeze_rule`` where given (``Egeria(unfreeze_rule=...)``).
     Returns (run record, Egeria extras)."""
     from tqdm.auto import tqdm
 
@@ -273,7 +275,8 @@ def _train(
     )
     eg = None
     if config is not None:
-        eg = Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=total_steps)
+        eg = Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=total_steps,
+                    unfreeze_rule=unfreeze_rule)
         loader = eg.cache_loader(loader)
     epochs: list[dict] = []
     bar = tqdm(

@@ -1,0 +1,294 @@
+"""What does each freezing setting trade, speed for accuracy, on the demo's task, and how does
+the trade move as the run gets longer?
+
+Every policy's setting is a point: its whole-run speedup over plain training timed in the same
+session (the arms take turns every 10 steps, each in its own process: egeria.bench.turns), and
+its final test accuracy minus the worst plain seed's at that run length. A session is one seed
+at one run length; its arms are given on the command line:
+
+    plain                       plain PyTorch (every session has one: speedups are against it)
+    egeria:SPEED                Egeria, EgeriaConfig(speed=SPEED): safe, balanced, fast or a share
+                                of the peak learning rate (0.01, 0.03, 0.1, 1 for no bound)
+    egeria:SPEED:FIELD=VALUE    the same with other EgeriaConfig fields changed; unfreeze=F unfreezes
+                                every module at a learning-rate drop of F x since the first freeze,
+                                to refreeze once settled again (the paper's, Egeria(unfreeze_rule=
+                                LRDropRule(F)))
+    paper                       the paper's rule (EgeriaConfig(rule="paper"))
+    POLICY:OPT=VALUE[:...]      a baseline with its options (freezeout:t0=0.5,
+                                autofreeze:percentile=25, linear:start=0.75,
+                                static:count=5:at_step=450)
+
+The task is the demo's (ResNet-20 on 12,800 Fashion-MNIST images, SGD 0.1, lr /10 at 50% and
+75% of the steps, accuracy on all 10,000 test images at each epoch's end), with ``--scale K``
+epochs times K (8 K epochs, 800 K steps): the same schedule shape, K times longer, as the
+paper's 200-epoch CIFAR runs are long.
+
+    .venv/bin/python benchmarks/frontier.py run --seed 0 --scale 1 plain egeria:safe egeria:fast \\
+        paper freezeout:t0=0.5
+    .venv/bin/python benchmarks/frontier.py report
+
+``run`` writes one session file (``benchmarks/results/frontier/x{K}/seed{S}-{label}.json``: the
+command, the machine, each arm's config, per-epoch accuracy and training time, freezes) and
+skips a session whose file is there. ``report`` reads every session, prints one row per arm
+and run length (mean and each seed's speedup and accuracy against the worst plain seed), and
+writes ``frontier.json`` and the plots ``frontier-x{K}.png`` (the frontier at each length) and
+``run-length.png`` (cost and speedup of the Egeria settings against run length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "frontier"
+BASELINES = ("freezeout", "autofreeze", "linear", "static", "smartfrz")
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+    """An arm's name and the EgeriaConfig fields it sets (None for plain).
+
+    Raises:
+        ValueError: naming the arm that is none of the forms in the module's docstring.
+    """
+    head, *rest = text.split(":")
+    try:
+        if head == "plain" and not rest:
+            return text, {}
+        if head == "paper":
+            return text, {"rule": "paper", **_options(rest)}
+        if head == "egeria" and rest:
+            speed = rest[0] if rest[0] in ("safe", "balanced", "fast") else float(rest[0])
+            return text, {"speed": speed, **_options(rest[1:])}
+        if head in BASELINES:
+            return text, {"policy": head, "policy_options": _options(rest)}
+    except ValueError:
+        pass
+    raise ValueError(f"arm {text!r}: write plain, egeria:SPEED[:FIELD=VALUE...], paper or POLICY:OPT=VALUE[:...]")
+
+
+def _options(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(item)
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name] = value
+    return out
+
+
+def _arm(name: str, fields: dict, prepared: Any, settings: Any, seed: int) -> dict:
+    """One arm, in its own process and turns (egeria.bench.demo's training loop)."""
+    from egeria import EgeriaConfig
+    from egeria.bench import demo
+
+    from egeria import LRDropRule
+
+    fields = dict(fields)
+    unfreeze = fields.pop("unfreeze", None)
+    config = EgeriaConfig(**fields) if name != "plain" else None
+    record, extra = demo._train(name, prepared.initial, prepared.train, prepared.test, settings, seed,
+                                prepared.milestones, config, prepared.total_steps, False,
+                                unfreeze_rule=None if unfreeze is None else LRDropRule(float(unfreeze)))
+    record.pop("step_times_s")
+    out = {"arm": name, "config": None if config is None else config.to_dict(), **record}
+    if extra:
+        out.update({k: extra[k] for k in ("modules", "module_params", "eval_interval", "events", "frozen_at_end")})
+    return out
+
+
+def run(seed: int, scale: int, arms: list[str], out: Path, label: str | None, command: str) -> Path:
+    from dataclasses import asdict, replace
+
+    from egeria.bench import demo
+    from egeria.bench.machine import describe_machine
+    from egeria.bench.turns import run_in_turns
+
+    parsed = [parse_arm(a) for a in arms]
+    if parsed[0][0] != "plain":
+        parsed.insert(0, ("plain", {}))
+    label = label or "-".join(a.replace(":", "_").replace("=", "") for a, _ in parsed[1:])[:80] or "plain"
+    path = out / f"x{scale}" / f"seed{seed}-{label}.json"
+    if path.is_file():
+        print(f"{path} is there: skipped")
+        return path
+    settings = replace(demo.FULL, epochs=demo.FULL.epochs * scale)
+    prepared = demo.prepare(settings, seed)
+    machine = describe_machine()
+    print(f"command: {command}")
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+    print(f"seed {seed}, x{scale}: {prepared.total_steps} steps, lr /10 at {prepared.milestones}; arms: "
+          + ", ".join(a for a, _ in parsed), flush=True)
+    calls = [(name, fields, prepared, settings, seed) for name, fields in parsed]
+    answers = run_in_turns(_arm, calls, settings.turn_steps, initializer=demo._start_child,
+                           initargs=demo._child_settings(settings))
+    plain = answers[0]
+    for arm in answers:
+        first = next((e["step"] for e in arm.get("events", []) if e["action"] == "freeze"), None)
+        print(f"  {arm['arm']:<32} {100 * arm['final_accuracy']:6.2f}%  {arm['train_time_s']:8.1f} s  "
+              f"{plain['train_time_s'] / arm['train_time_s']:5.2f}x  first freeze {first}", flush=True)
+    from egeria.bench.run import _code_commit
+
+    result = {"command": command, "machine": machine, "code": _code_commit(), "seed": seed, "scale": scale,
+              "settings": asdict(settings),
+              "total_steps": prepared.total_steps, "milestones": prepared.milestones, "arms": answers}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, allow_nan=False))
+    tmp.replace(path)
+    print(f"wrote {path}")
+    return path
+
+
+def points(out: Path) -> list[dict]:
+    """One point per arm per session: speedup against its session's plain arm, final
+    accuracy against the worst plain seed of its run length (points of accuracy)."""
+    sessions = [json.loads(p.read_text()) for p in sorted(out.glob("x*/seed*.json"))]
+    worst: dict[int, float] = {}
+    plains: dict[int, dict[int, float]] = {}
+    for s in sessions:
+        plains.setdefault(s["scale"], {})[s["seed"]] = s["arms"][0]["final_accuracy"]
+    for scale, by_seed in plains.items():
+        worst[scale] = min(by_seed.values())
+    rows = []
+    for s in sessions:
+        plain = s["arms"][0]
+        for arm in s["arms"]:
+            first = next((e["step"] for e in arm.get("events", []) if e["action"] == "freeze"), None)
+            rows.append({
+                "scale": s["scale"], "steps": s["total_steps"], "seed": s["seed"], "arm": arm["arm"],
+                "final": 100 * arm["final_accuracy"],
+                "vs_worst_plain": 100 * (arm["final_accuracy"] - worst[s["scale"]]),
+                "vs_own_plain": 100 * (arm["final_accuracy"] - plain["final_accuracy"]),
+                "speedup": plain["train_time_s"] / arm["train_time_s"],
+                "train_time_s": arm["train_time_s"], "first_freeze": first,
+                "frozen_at_end": len(arm.get("frozen_at_end", [])),
+                "cpu": s["machine"].get("cpu"),
+            })
+    return rows
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per run length and arm: the seeds' mean speedup and accuracy against the worst plain seed."""
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["scale"], r["arm"]), []).append(r)
+    out = []
+    for (scale, arm), rs in sorted(groups.items()):
+        out.append({
+            "scale": scale, "arm": arm, "seeds": sorted(r["seed"] for r in rs),
+            "speedup": statistics.mean(r["speedup"] for r in rs),
+            "vs_worst_plain": statistics.mean(r["vs_worst_plain"] for r in rs),
+            "vs_own_plain": statistics.mean(r["vs_own_plain"] for r in rs),
+            "each": [(r["seed"], round(r["speedup"], 3), round(r["vs_worst_plain"], 2)) for r in rs],
+        })
+    return out
+
+
+def dominated(summary: list[dict]) -> list[dict]:
+    """For each baseline point, the Egeria settings at least as fast and at least as accurate
+    (means over seeds, at the same run length): the frontier goal, one row per baseline."""
+    out = []
+    for b in summary:
+        if b["arm"].split(":")[0] not in BASELINES:
+            continue
+        better = [e["arm"] for e in summary if e["scale"] == b["scale"] and e["arm"].startswith(("egeria", "paper"))
+                  and e["speedup"] >= b["speedup"] and e["vs_worst_plain"] >= b["vs_worst_plain"]]
+        out.append({"scale": b["scale"], "baseline": b["arm"], "dominated_by": better})
+    return out
+
+
+def report(out: Path) -> None:
+    rows = points(out)
+    summary = summarise(rows)
+    print(f"{'length':>6}  {'arm':<34} {'seeds':<8} {'speedup':>8} {'vs worst plain':>15}  each (seed, x, points)")
+    for s in summary:
+        print(f"{'x' + str(s['scale']):>6}  {s['arm']:<34} {','.join(map(str, s['seeds'])):<8} {s['speedup']:7.2f}x "
+              f"{s['vs_worst_plain']:+14.2f}  {s['each']}")
+    goal = dominated(summary)
+    for g in goal:
+        print(f"x{g['scale']} {g['baseline']}: dominated by {', '.join(g['dominated_by']) or 'no Egeria setting'}")
+    (out / "frontier.json").write_text(json.dumps({"points": rows, "summary": summary, "dominance": goal},
+                                                  indent=1, allow_nan=False))
+    _plot(summary, out)
+
+
+def _plot(summary: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"plain": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
+               "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
+    for scale in sorted({s["scale"] for s in summary}):
+        fig, ax = plt.subplots(figsize=(7.5, 5))
+        for s in (s for s in summary if s["scale"] == scale):
+            kind = s["arm"].split(":")[0]
+            ax.scatter(s["speedup"], s["vs_worst_plain"], color=colours.get(kind, "grey"),
+                       marker="*" if kind == "egeria" else "o", s=90 if kind == "egeria" else 40)
+            ax.annotate(s["arm"], (s["speedup"], s["vs_worst_plain"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        ax.axhline(0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("whole-run speedup over plain of the same session (x)")
+        ax.set_ylabel("final accuracy minus the worst plain seed (points)")
+        ax.set_title(f"Speed against accuracy, demo task at {scale}x its length (mean over seeds)")
+        fig.tight_layout()
+        fig.savefig(out / f"frontier-x{scale}.png", dpi=110)
+        plt.close(fig)
+    egeria_arms = sorted({s["arm"] for s in summary if s["arm"].startswith("egeria")})
+    scales = sorted({s["scale"] for s in summary})
+    if len(scales) < 2:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for arm in egeria_arms:
+        pts = [(s["scale"], s) for s in summary if s["arm"] == arm]
+        if len(pts) < 2:
+            continue
+        xs = [800 * k for k, _ in pts]
+        left.plot(xs, [s["vs_own_plain"] for _, s in pts], marker="o", label=arm)
+        right.plot(xs, [s["speedup"] for _, s in pts], marker="o", label=arm)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("training steps (schedule shape fixed)")
+        ax.legend(fontsize=8)
+    left.axhline(0, color="grey", lw=0.8, ls="--")
+    left.set_ylabel("final accuracy minus plain of the same seed (points)")
+    right.set_ylabel("whole-run speedup (x)")
+    fig.suptitle("Egeria against run length, demo task")
+    fig.tight_layout()
+    fig.savefig(out / "run-length.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("arms", nargs="+")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--scale", type=int, default=1, help="run length: the demo's epochs times this")
+    r.add_argument("--label", default=None, help="the session file's name (default: from the arms)")
+    r.add_argument("--out", type=Path, default=OUT)
+    p = sub.add_parser("report")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.verb == "run":
+        for arm in args.arms:
+            parse_arm(arm)  # every arm checked before anything trains
+        command = "python benchmarks/frontier.py " + " ".join(shlex.quote(a) for a in argv)
+        run(args.seed, args.scale, args.arms, args.out, args.label, command)
+    else:
+        report(args.out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
