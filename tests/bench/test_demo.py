@@ -38,13 +38,14 @@ def test_demo_and_bench_without_the_bench_extra_name_it(
 
 @pytest.mark.slow
 @needs_fmnist
-def test_quick_demo_via_cli_writes_png_and_json_with_both_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_quick_demo_via_cli_writes_png_and_json_with_every_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["demo", "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
 
     png = tmp_path / "demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result = json.loads((tmp_path / "demo.json").read_text())
-    assert set(result["runs"]) == {"plain", "egeria"}
+    assert set(result["runs"]) == {"plain", "egeria", "fast"}
+    assert result["egeria_config"]["speed"] == "safe" and result["fast_config"]["speed"] == "fast"
     for name, run in result["runs"].items():
         accuracies = [e["test_accuracy"] for e in run["epochs"]]
         assert len(accuracies) == result["settings"]["epochs"], name
@@ -54,11 +55,13 @@ def test_quick_demo_via_cli_writes_png_and_json_with_both_runs(tmp_path: Path, c
         # Each run's process fixed its heap (where the C library is glibc).
         assert run["heap"] == ("steady" if allocator.can_fix_heap() else "default"), name
     assert result["summary"]["target_accuracy"] == result["runs"]["plain"]["final_accuracy"]
-    # Same initial weights and batch order: identical until Egeria's first freeze.
-    first_freeze = result["summary"]["first_freeze_step"]
-    identical = result["summary"]["identical_losses_through_step"]
-    assert identical >= first_freeze if first_freeze is not None else identical == result["total_steps"]
+    # Same initial weights and batch order: identical until each Egeria run's first freeze.
+    for summary in (result["summary"], result["summary"]["fast"]):
+        first_freeze = summary["first_freeze_step"]
+        identical = summary["identical_losses_through_step"]
+        assert identical >= first_freeze if first_freeze is not None else identical == result["total_steps"]
 
     out = capsys.readouterr().out
     assert out.startswith("command: egeria demo --quick")
     assert "machine: " in out and "final test accuracy" in out
+    assert "Egeria (default)" in out and "Egeria speed='fast'" in out and "wall-time speedup" in out

@@ -1,18 +1,20 @@
-"""A side-by-side demo: ResNet-20 on a Fashion-MNIST subset, plain PyTorch vs. Egeria.
+"""A side-by-side demo: ResNet-20 on a Fashion-MNIST subset, plain PyTorch vs. Egeria at its
+default and at its fastest setting (``EgeriaConfig(speed="fast")``).
 
-Both runs start from the same initial weights and see the same batches in the same order;
-the only difference is that the second one calls :meth:`egeria.Egeria.step` after each
-optimizer step. The two runs train at once, each in a fresh process of its own with the
+All runs start from the same initial weights and see the same batches in the same order;
+the only difference is that the Egeria ones call :meth:`egeria.Egeria.step` after each
+optimizer step. The runs train at once, each in a fresh process of its own with the
 caller's torch thread count, taking turns every ``turn_steps`` steps
-(:mod:`egeria.bench.turns`): neither inherits the other's allocator and cache state (on a 2-core
+(:mod:`egeria.bench.turns`): none inherits another's allocator and cache state (on a 2-core
 VM the first run of a process was up to 15% faster than a second one of the same work),
-and a drift of the machine's speed falls on both alike. Both processes fix glibc's heap
-thresholds first (:mod:`egeria.bench.allocator`; ``steady_heap``), so that neither pays page
-faults on every step by the chance of its first allocations. The two runs are bit-identical
-until Egeria's first freeze, which the demo checks and reports. It prints the machine and
-a table (training wall time, final test accuracy, time-to-target speedup, when each layer
-module froze and unfroze), and writes ``demo.png`` (frozen share of parameters over steps;
-accuracy vs. wall time) and ``demo.json`` (every recorded number) into ``out_dir``.
+and a drift of the machine's speed falls on all alike. Every process fixes glibc's heap
+thresholds first (:mod:`egeria.bench.allocator`; ``steady_heap``), so that none pays page
+faults on every step by the chance of its first allocations. The runs are bit-identical
+until each Egeria run's first freeze, which the demo checks and reports. It prints the
+machine and a table (training wall time, final test accuracy, time-to-target speedup, when
+each layer module froze and unfroze), and writes ``demo.png`` (frozen share of parameters
+over steps; accuracy vs. wall time) and ``demo.json`` (every recorded number) into
+``out_dir``.
 
 Training time is measured around the training steps only (forward, backward, optimizer,
 scheduler and, in the Egeria run, ``eg.step``); the per-epoch test evaluation is excluded.
@@ -41,9 +43,17 @@ from .machine import describe_machine
 from .turns import current as current_turns
 from .turns import run_in_turns
 
-__all__ = ["DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through"]
+__all__ = [
+    "ARMS", "DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through",
+]
 
 logger = logging.getLogger(__name__)
+
+#: The demo's runs: plain PyTorch, Egeria's defaults, and its fastest speed (speed="fast":
+#: a settled module may freeze once the learning rate is 1/10 of its peak, not 1/100).
+ARMS: dict[str, dict] = {"plain": {}, "egeria": {}, "fast": {"speed": "fast"}}
+#: How the table and the plot name them.
+TITLES = {"plain": "plain PyTorch", "egeria": "Egeria (default)", "fast": "Egeria speed='fast'"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,8 @@ def run_demo(
     command: str | None = None,
     stream: TextIO | None = sys.stdout,
 ) -> dict:
-    """Trains ResNet-20 twice (plain and with Egeria, in turns) and reports both side by side.
+    """Trains ResNet-20 three times (plain, Egeria's defaults, Egeria speed="fast"; in turns)
+    and reports them side by side.
 
     Args:
         out_dir: where ``demo.png`` and ``demo.json`` are written (created if missing).
@@ -105,9 +116,10 @@ def run_demo(
         stream: where the machine line and the table are printed; None prints nothing.
 
     Returns:
-        The JSON-safe dict also written to ``demo.json``: settings, machine, Egeria's
-        config, both runs' per-epoch accuracy and training time, per-step losses and
-        times, Egeria's events and plasticity history, and the summary numbers.
+        The JSON-safe dict also written to ``demo.json``: settings, machine, each Egeria
+        run's config, every run's per-epoch accuracy and training time, per-step losses and
+        times, Egeria's events and plasticity history, and the summary numbers (the
+        default run's at the top of ``summary``, the fast run's under ``summary["fast"]``).
     """
     base = settings if settings is not None else FULL
     s = DemoSettings(**{**asdict(base), "train_limit": train_limit, "epochs": epochs})
@@ -121,7 +133,8 @@ def run_demo(
     _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
 
     train_data, test, initial, milestones, steps_per_epoch, total_steps = prepare(s, seed, data_root)
-    config = EgeriaConfig()  # Egeria's defaults, nothing hand-picked
+    configs = {name: None if name == "plain" else EgeriaConfig(**fields) for name, fields in ARMS.items()}
+    config = configs["egeria"]  # Egeria's defaults, nothing hand-picked
     _echo(
         stream,
         f"ResNet-20 on {len(train_data[1])} Fashion-MNIST training images ({steps_per_epoch} steps/epoch x "
@@ -130,26 +143,27 @@ def run_demo(
         f"Egeria with its default configuration (rule {config.rule!r}, window {config.window}, executor "
         f"{config.executor!r}, cost budget {config.cost_budget:.0%}"
         f", {_reference_words()}) "
-        "and its activation cache",
+        "and with speed='fast' (a settled module may freeze at 1/10 of the peak learning rate, not 1/100), "
+        "both through the activation cache",
     )
 
-    names = ("plain", "egeria")
+    names = tuple(ARMS)
     calls = [
-        (name, initial, train_data, test, s, seed, milestones, config if name == "egeria" else None, total_steps, progress)
+        (name, initial, train_data, test, s, seed, milestones, configs[name], total_steps, progress)
         for name in names
     ]
-    heap = ", glibc's heap thresholds fixed in both (egeria.bench.allocator)" if s.steady_heap and can_fix_heap() else ""
-    _echo(stream, f"the two runs take turns every {s.turn_steps} steps, each in its own process{heap}")
+    heap = ", glibc's heap thresholds fixed in each (egeria.bench.allocator)" if s.steady_heap and can_fix_heap() else ""
+    _echo(stream, f"the {len(names)} runs take turns every {s.turn_steps} steps, each in its own process{heap}")
     answers = run_in_turns(_train, calls, s.turn_steps, initializer=_start_child, initargs=_child_settings(s))
     runs: dict[str, dict] = {name: record for name, (record, _) in zip(names, answers)}
     extras: dict[str, Any] = {name: extra for name, (_, extra) in zip(names, answers)}
 
-    egeria_extra = extras["egeria"]
-    runs["egeria"].update(egeria_extra)
-    runs["egeria"]["frozen_share"] = _frozen_share_timeline(
-        egeria_extra["events"], egeria_extra["module_params"], egeria_extra["modules"], total_steps
-    )
-    summary = _summary(runs, steps_per_epoch)
+    for name in names[1:]:
+        runs[name].update(extras[name])
+        runs[name]["frozen_share"] = _frozen_share_timeline(
+            extras[name]["events"], extras[name]["module_params"], extras[name]["modules"], total_steps
+        )
+    summary = {**_summary(runs, "egeria", steps_per_epoch), "fast": _summary(runs, "fast", steps_per_epoch)}
     result = {
         "command": command,
         "machine": machine,
@@ -159,6 +173,7 @@ def run_demo(
         "total_steps": total_steps,
         "lr_drop_steps": milestones,
         "egeria_config": config.to_dict(),
+        "fast_config": configs["fast"].to_dict(),
         "runs": runs,
         "summary": summary,
         "files": {"png": str(out / "demo.png"), "json": str(out / "demo.json")},
@@ -281,7 +296,7 @@ def _train(
     epochs: list[dict] = []
     bar = tqdm(
         total=total_steps, desc=f"{name:>6}", unit="step", disable=not progress, leave=True,
-        position=0 if config is None else 1,  # one line per run: the two may run at once, in turns
+        position=list(ARMS).index(name) if name in ARMS else 0,  # one line per run: they run at once, in turns
     )
 
     def epoch_batches() -> Any:
@@ -378,8 +393,9 @@ def _time_to_target(epochs: list[dict], target: float) -> float | None:
     return None
 
 
-def _summary(runs: dict[str, dict], steps_per_epoch: int) -> dict:
-    plain, eg = runs["plain"], runs["egeria"]
+def _summary(runs: dict[str, dict], name: str, steps_per_epoch: int) -> dict:
+    """Run ``name`` against the plain run."""
+    plain, eg = runs["plain"], runs[name]
     target = plain["final_accuracy"]
     plain_ttt = _time_to_target(plain["epochs"], target)
     eg_ttt = _time_to_target(eg["epochs"], target)
@@ -398,62 +414,66 @@ def _summary(runs: dict[str, dict], steps_per_epoch: int) -> dict:
 
 
 def format_report(result: dict) -> str:
-    """The side-by-side table and the freeze/unfreeze timeline of a :func:`run_demo` result."""
-    plain, eg = result["runs"]["plain"], result["runs"]["egeria"]
-    summary = result["summary"]
-    spe = result["steps_per_epoch"]
-    ttt = summary["time_to_target_s"]
-    target = summary["target_accuracy"]
+    """The side-by-side table and each Egeria run's freeze/unfreeze timeline of a
+    :func:`run_demo` result."""
+    runs = result["runs"]
+    names = [name for name in ARMS if name in runs]
+    summaries = {"egeria": result["summary"], **({"fast": result["summary"]["fast"]} if "fast" in result["summary"] else {})}
+    target = result["summary"]["target_accuracy"]
 
     def fmt_time(value: float | None) -> str:
         return "not reached" if value is None else f"{value:.1f} s"
 
+    def ttt(name: str) -> str:
+        return fmt_time(summaries[name]["time_to_target_s"]["egeria"] if name != "plain"
+                        else result["summary"]["time_to_target_s"]["plain"])
+
     rows = [
-        ("", "plain PyTorch", "Egeria"),
-        ("training wall time", f"{plain['train_time_s']:.1f} s", f"{eg['train_time_s']:.1f} s"),
-        ("final test accuracy", f"{plain['final_accuracy']:.2%}", f"{eg['final_accuracy']:.2%}"),
-        (f"time to {target:.2%} (plain final)", fmt_time(ttt["plain"]), fmt_time(ttt["egeria"])),
-        ("mean step time", _mean_ms(plain["step_times_s"]), _mean_ms(eg["step_times_s"])),
+        ("", *(TITLES[n] for n in names)),
+        ("training wall time", *(f"{runs[n]['train_time_s']:.1f} s" for n in names)),
+        ("final test accuracy", *(f"{runs[n]['final_accuracy']:.2%}" for n in names)),
+        (f"time to {target:.2%} (plain final)", *(ttt(n) for n in names)),
+        ("wall-time speedup", "", *(f"{summaries[n]['wall_time_speedup']:.2f}x" for n in names[1:])),
+        ("time-to-target speedup", "", *("none" if summaries[n]["time_to_target_speedup"] is None
+                                         else f"{summaries[n]['time_to_target_speedup']:.2f}x" for n in names[1:])),
+        ("mean step time", *(_mean_ms(runs[n]["step_times_s"]) for n in names)),
     ]
-    same_work = summary["first_freeze_step"] or result["total_steps"]  # both did the same work until then
-    rows.append((
-        f"mean step time, steps 1-{same_work}", _mean_ms(plain["step_times_s"][:same_work]),
-        _mean_ms(eg["step_times_s"][:same_work]),
-    ))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(names) + 1)]
     lines = [""]
     for i, row in enumerate(rows):
-        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
+        lines.append("  ".join(f"{cell:<{widths[0]}}" if j == 0 else f"{cell:>{widths[j]}}" for j, cell in enumerate(row)))
         if i == 0:
-            lines.append("-" * (sum(widths) + 4))
-    lines.append("-" * (sum(widths) + 4))
-    lines.append(f"wall-time speedup (plain / Egeria): {summary['wall_time_speedup']:.2f}x")
-    if summary["time_to_target_speedup"] is None:
-        best = max(r["test_accuracy"] for r in eg["epochs"])
-        lines.append(
-            f"time-to-target speedup: none, the Egeria run never reached {target:.2%} "
-            f"at an epoch end (its best was {best:.2%})"
-        )
-    else:
-        lines.append(f"time-to-target speedup: {summary['time_to_target_speedup']:.2f}x")
+            lines.append("-" * (sum(widths) + 2 * len(names)))
+    lines.append("-" * (sum(widths) + 2 * len(names)))
+    for name in names[1:]:
+        if summaries[name]["time_to_target_speedup"] is None:
+            best = max(r["test_accuracy"] for r in runs[name]["epochs"])
+            lines.append(f"{TITLES[name]} never reached {target:.2%} at an epoch end (its best was {best:.2%})")
     lines.append("")
     lines.append(f"per-epoch test accuracy (training time so far), accuracy on {result['settings']['test_limit']} test images:")
-    for p, e in zip(plain["epochs"], eg["epochs"]):
-        lines.append(
-            f"  epoch {p['epoch']:>2}:  plain {p['test_accuracy']:.2%} ({p['train_time_s']:6.1f} s)   "
-            f"Egeria {e['test_accuracy']:.2%} ({e['train_time_s']:6.1f} s)"
-        )
+    for epochs in zip(*(runs[n]["epochs"] for n in names)):
+        lines.append(f"  epoch {epochs[0]['epoch']:>2}:  " + "   ".join(
+            f"{TITLES[n].split(' (')[0]} {e['test_accuracy']:.2%} ({e['train_time_s']:6.1f} s)" for n, e in zip(names, epochs)))
+    for name in names[1:]:
+        lines.append("")
+        lines.extend(_timeline(result, name, summaries[name]))
     lines.append("")
+    lines.append(f"wrote {result['files']['png']} and {result['files']['json']}")
+    return "\n".join(lines)
+
+
+def _timeline(result: dict, name: str, summary: dict) -> list[str]:
+    """When Egeria run ``name`` froze each module, and how long it matched plain."""
+    eg, spe = result["runs"][name], result["steps_per_epoch"]
     sizes = dict(zip(eg["modules"], eg["module_params"]))
     total = sum(eg["module_params"])
-    lines.append(
-        f"Egeria: {len(eg['modules'])} layer modules, eval interval n={eg['eval_interval']}, "
+    lines = [
+        f"{TITLES[name]}: {len(eg['modules'])} layer modules, eval interval n={eg['eval_interval']}, "
         f"lr drops at steps {', '.join(map(str, result['lr_drop_steps']))}"
-    )
-    timeline = eg["events"]
-    if not any(e["action"] == "freeze" for e in timeline):
-        lines.append("  no module froze in this run, so both runs did the same work: any time gap is noise")
-    for event in timeline:
+    ]
+    if not any(e["action"] == "freeze" for e in eg["events"]):
+        lines.append("  no module froze in this run, so it did plain's work: any time gap is noise")
+    for event in eg["events"]:
         step = event["step"]
         where = f"step {step:>5} (epoch {(step - 1) // spe + 1}, {step / spe:.2f} epochs in)"
         if event["action"] == "guided":
@@ -463,11 +483,9 @@ def format_report(result: dict) -> str:
             lines.append(f"  {where}: {event['action']:<8} {', '.join(event['modules'])} ({share:.1%} of parameters)")
     lines.append(
         f"  frozen at the end: {', '.join(eg['frozen_at_end']) or 'none'}; "
-        f"both runs had identical losses through step {summary['identical_losses_through_step']}"
+        f"losses identical to plain's through step {summary['identical_losses_through_step']}"
     )
-    lines.append("")
-    lines.append(f"wrote {result['files']['png']} and {result['files']['json']}")
-    return "\n".join(lines)
+    return lines
 
 
 def _mean_ms(times: list[float]) -> str:
@@ -481,36 +499,41 @@ def _plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plain, eg = result["runs"]["plain"], result["runs"]["egeria"]
+    runs = result["runs"]
+    colours = {"plain": "tab:blue", "egeria": "tab:orange", "fast": "tab:green"}
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), constrained_layout=True)
 
-    timeline = eg["frozen_share"]
-    top.step([p["step"] for p in timeline], [100 * p["share"] for p in timeline], where="post", color="tab:orange", lw=2)
-    top.fill_between(
-        [p["step"] for p in timeline], [100 * p["share"] for p in timeline], step="post", color="tab:orange", alpha=0.2
-    )
+    egerias = [name for name in ARMS if name != "plain" and name in runs]
+    for name in egerias:
+        timeline = runs[name]["frozen_share"]
+        top.step([p["step"] for p in timeline], [100 * p["share"] for p in timeline], where="post",
+                 color=colours[name], lw=2, label=TITLES[name])
+        top.fill_between([p["step"] for p in timeline], [100 * p["share"] for p in timeline], step="post",
+                         color=colours[name], alpha=0.15)
     spe = result["steps_per_epoch"]
     for epoch in range(1, result["settings"]["epochs"]):
         top.axvline(epoch * spe, color="0.85", lw=0.8, zorder=0)
     for i, drop in enumerate(result["lr_drop_steps"]):
         top.axvline(drop, color="tab:red", ls="--", lw=1, label="learning rate / 10" if i == 0 else None)
-    guided = next((e["step"] for e in eg["events"] if e["action"] == "guided"), None)
+    guided = next((e["step"] for e in runs["egeria"]["events"] if e["action"] == "guided"), None)
     if guided is not None:
-        top.axvline(guided, color="tab:green", ls=":", lw=1, label="bootstrapping over")
-    for event in eg["events"]:
-        if event["action"] == "freeze":
-            top.annotate(
-                event["modules"][0], (event["step"], 0), xytext=(2, 4), textcoords="offset points",
-                rotation=90, fontsize=7, va="bottom",
-            )
+        top.axvline(guided, color="0.4", ls=":", lw=1, label="bootstrapping over")
+    for name in egerias:
+        for event in runs[name]["events"]:
+            if event["action"] == "freeze":
+                top.annotate(
+                    event["modules"][0], (event["step"], 0), xytext=(2, 4), textcoords="offset points",
+                    rotation=90, fontsize=7, va="bottom", color=colours[name],
+                )
     top.set_xlim(0, result["total_steps"])
-    top.set_ylim(0, max(10.0, 100 * max(p["share"] for p in timeline) * 1.25))
+    top.set_ylim(0, max(10.0, 100 * max(p["share"] for name in egerias for p in runs[name]["frozen_share"]) * 1.25))
     top.set_xlabel(f"training step ({spe} steps per epoch; grey lines: epoch ends)")
     top.set_ylabel("frozen parameters (%)")
-    top.set_title("Egeria: share of ResNet-20's parameters frozen")
+    top.set_title("Share of ResNet-20's parameters frozen")
     top.legend(loc="upper left", fontsize=8)
 
-    for run, label, color in ((plain, "plain PyTorch", "tab:blue"), (eg, "Egeria", "tab:orange")):
+    for name in (name for name in ARMS if name in runs):
+        run, label, color = runs[name], TITLES[name], colours[name]
         xs = [0.0] + [r["train_time_s"] for r in run["epochs"]]
         ys = [None] + [100 * r["test_accuracy"] for r in run["epochs"]]
         bottom.plot(xs[1:], ys[1:], marker="o", color=color, label=f"{label} ({run['train_time_s']:.0f} s)")
