@@ -530,3 +530,17 @@ def test_the_whole_run_at_plains_pace_scales_by_the_steps_that_train_alike(tmp_p
     assert _row(rep, "t", "none", 0, "cpu")["pace_matched_speedup"] is None
     md = (tmp_path / "report.md").read_text()
     assert any(line.startswith("| linear | 0 |") and line.endswith("| 1.12x |") for line in md.splitlines())
+
+
+def test_every_run_is_a_point_of_the_frontier_whole_run_speedup_against_the_worst_plain_seed(
+    report: tuple[dict, Path]
+) -> None:
+    rep, out = report
+    egeria = _row(rep, "resnet-fmnist", "egeria", 0)
+    assert egeria["whole_run_speedup"] == pytest.approx(((40 + 44) / 2) / 32)  # the plain seeds' mean time
+    assert egeria["vs_worst_plain"] == pytest.approx(0.905 - 0.88)
+    assert _row(rep, "resnet-fmnist", "freezeout", 0)["vs_worst_plain"] == pytest.approx(0.85 - 0.88)
+    ptb = _row(rep, "transformer-ptb", "egeria", 0)
+    assert ptb["vs_worst_plain"] == pytest.approx(120.0 - 118.0)  # perplexity: lower is better, the sign turned
+    assert rep["tasks"]["resnet-fmnist"]["plots"]["frontier"] == "resnet-fmnist-frontier.png"
+    assert (out / "resnet-fmnist-frontier.png").read_bytes()[:8] == PNG_MAGIC

@@ -123,6 +123,27 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
         if name is not None:
             files[kind] = name
 
+    def frontier(ax: Any, layout: str, runs: list[dict]) -> int:
+        """Every run a point: its whole-run speedup and its final past the worst plain seed."""
+        rows = [row for row in data["layouts"][layout]["rows"]
+                if row.get("whole_run_speedup") is not None and row.get("vs_worst_plain") is not None]
+        for row in rows:
+            kind = "plain" if row["plain"] else row["policy"].split()[0]
+            ax.scatter(row["whole_run_speedup"], row["vs_worst_plain"], marker="*" if "egeria" in kind else "o",
+                       s=80 if "egeria" in kind else 30, color="black" if row["plain"] else None)
+            ax.annotate(f"{row['policy']} s{row['seed']}", (row["whole_run_speedup"], row["vs_worst_plain"]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, linestyle=":", color="black")
+        ax.set_xlabel("whole-run speedup over the plain seeds' mean time (x)")
+        ax.set_ylabel(f"final {metric} past the worst plain seed" + ("" if data["metric"]["higher_is_better"]
+                                                                    else " (lower is better: sign turned)"))
+        ax.set_title(f"{task}, layout {layout}: speed against {metric}")
+        return len(rows)
+
+    name = _by_layout(groups, frontier, out, f"{task}-frontier.png")
+    if name is not None:
+        files["frontier"] = name
+
     with_plasticity = [r for runs in groups.values() for r in runs if r.get("plasticity")]
     if with_plasticity:
         files["plasticity"] = _plasticity(task, with_plasticity, out)

@@ -219,6 +219,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
     mlperf_ttas = [t[0] for t in (_time_to_target(r, mlperf_value, higher) for r in timed) if t is not None] if mlperf else []
     mlperf_ref = _mean(mlperf_ttas) if mlperf and mlperf_ttas and len(mlperf_ttas) == len(timed) else None
 
+    plain_wall = _mean([float(r["final"]["wall_time_s"]) for r in timed])
     rows = []
     for r in _ordered(runs):
         tta = _time_to_target(r, target, higher) if target is not None else None
@@ -243,6 +244,11 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
             "mlperf_tta_step": fair[1] if fair else None,
             "mlperf_tta_speedup": _ratio(mlperf_ref, fair[0]) if (mlperf_ref is not None and fair and not untimed) else None,
             "ideal_speedup": ideal,
+            # the frontier's two axes: the whole run against the plain seeds' mean time, and
+            # the final metric past the worst plain seed's (> 0: better; in the metric's units)
+            "whole_run_speedup": None if untimed else _ratio(plain_wall, float(r["final"]["wall_time_s"])),
+            "vs_worst_plain": None if target is None else (
+                (float(r["final"]["metric"]) - target) * (1 if higher else -1)),
             "efficiency": _ratio(speedup, ideal),
             "backward_flops_vs_plain": _ratio(r["final"].get("total_backward_flops"), ref_backward),
             "unfrozen_s_per_step": _unfrozen_pace(r),
