@@ -12,8 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DECISIONS = ROOT / "docs" / "decisions"
+SITE = ROOT / "docs"
 DOCS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "benchmarks" / "README.md",
-        ROOT / "benchmarks" / "results" / "README.md", *sorted(DECISIONS.glob("*.md"))]
+        ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results" / "README.md",
+        ROOT / "src" / "egeria" / "policies" / "SMARTFRZ.md", *sorted(SITE.rglob("*.md"))]
 DEMO_COMMAND = "bash scripts/setup.sh && .venv/bin/egeria demo"
 TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
 README_MAX_LINES = 250
@@ -91,9 +93,32 @@ def test_every_decision_record_is_in_the_index_and_has_its_sections() -> None:
 
 def test_every_record_the_code_cites_exists() -> None:
     cited = {}
-    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
         for name in CITATION.findall(path.read_text()):
             cited.setdefault(name, str(path.relative_to(ROOT)))
     assert cited, "the code cites no decision record"
     missing = {name: where for name, where in cited.items() if not (DECISIONS / name).exists()}
     assert missing == {}, f"the code cites decision records that do not exist: {missing}"
+
+
+# a script the benchmarks index names in a command: benchmarks/NAME.py, benchmarks/studies/NAME.sh, ...
+SCRIPT = re.compile(r"benchmarks/[\w/]+\.(?:py|sh)")
+
+
+def scripts() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*")
+                  if p.suffix in (".py", ".sh") and "results" not in p.parts)
+
+
+def test_the_benchmarks_index_lists_every_script_and_names_only_scripts_that_exist() -> None:
+    named = set(SCRIPT.findall((ROOT / "benchmarks" / "README.md").read_text()))
+    assert len(scripts()) >= 20  # the scripts exist; an empty folder would pass
+    assert [s for s in scripts() if s not in named] == [], "benchmarks/README.md does not list these scripts"
+    assert sorted(s for s in named if not (ROOT / s).exists()) == [], "benchmarks/README.md names scripts that do not exist"
+
+
+def test_every_benchmark_script_opens_with_the_question_it_answers() -> None:
+    import ast
+    for name in (s for s in scripts() if s.endswith(".py")):
+        doc = ast.get_docstring(ast.parse((ROOT / name).read_text()))
+        assert doc and doc.splitlines()[0].strip(), f"{name} has no first docstring line saying what it answers"
