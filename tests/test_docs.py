@@ -18,7 +18,7 @@ DOCS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "benchmarks" / "REA
         ROOT / "src" / "egeria" / "policies" / "SMARTFRZ.md", *sorted(SITE.rglob("*.md"))]
 DEMO_COMMAND = "bash scripts/setup.sh && .venv/bin/egeria demo"
 TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
-README_MAX_LINES = 250
+README_MAX_LINES = 160
 
 # a backticked path from the repository root (a folder ending in "/" or a file), or a bare
 # file name with one of these extensions (found from the root or beside the document)
@@ -122,3 +122,69 @@ def test_every_benchmark_script_opens_with_the_question_it_answers() -> None:
     for name in (s for s in scripts() if s.endswith(".py")):
         doc = ast.get_docstring(ast.parse((ROOT / name).read_text()))
         assert doc and doc.splitlines()[0].strip(), f"{name} has no first docstring line saying what it answers"
+
+
+RESULTS_MARKER = "<!-- results table"
+FIGURE_PAGES = [ROOT / "README.md", *sorted((SITE / "policies").glob("*.md"))]
+
+
+def results_rows(doc: Path) -> list[str]:
+    """The rows of every results table of ``doc``, each under a marker comment."""
+    lines = doc.read_text().splitlines()
+    rows = []
+    for start in (i for i, line in enumerate(lines) if line.startswith(RESULTS_MARKER)):
+        for line in lines[start + 3:]:
+            if not line.startswith("|"):
+                break
+            rows.append(line)
+    return rows
+
+
+def page_numbers(text: str) -> list[float]:
+    return [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))]
+
+
+def figures(row: str) -> list[str]:
+    """The figures of a table row, with their % or x, outside link targets; a range
+    (93.20-93.39%) gives both ends, each with the range's unit."""
+    text = re.sub(r"\]\([^)]*\)", "]", row).replace(",", "")
+    found: list[str] = []
+
+    def ends(m: re.Match) -> str:
+        found.extend([m[1] + m[3], m[2] + m[3]])
+        return " "
+
+    text = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)(%|x|)", ends, text)
+    return found + re.findall(r"(?<![\w.-])-?\d+(?:\.\d+)?(?:%|x)?", text)
+
+
+def on_page(figure: str, numbers: list[float], text: str) -> bool:
+    """A figure is on the results page as written, or a percentage as the fraction the run
+    files hold (93.41% as 0.9341), to its rounding."""
+    if re.search(r"(?<![\d.])" + re.escape(figure) + r"(?![\d])", text):
+        return True
+    if figure.endswith("%"):
+        value, places = float(figure[:-1]) / 100, len(figure[:-1].partition(".")[2]) + 2
+        return any(abs(n - value) <= 0.5 * 10 ** -places + 1e-9 for n in numbers)
+    return False
+
+
+@pytest.mark.parametrize("doc", FIGURE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_figure_of_a_results_table_is_on_the_results_page(doc: Path) -> None:
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    numbers = page_numbers(text)
+    rows = results_rows(doc)
+    if doc.name == "README.md":
+        assert len(rows) >= 6, "the README's results table was not found under its marker"
+    missing = {row.split("|")[1].strip()[:50]: [f for f in figures(row) if not on_page(f, numbers, text)]
+               for row in rows}
+    assert {k: v for k, v in missing.items() if v} == {}, f"{doc.name}: figures not on benchmarks/RESULTS.md"
+
+
+def test_a_figure_off_the_page_is_found() -> None:
+    text = "| egeria | 0 | 0.9341 | 1.15x | 128.06 |"
+    numbers = page_numbers(text)
+    assert figures("| [a](x.md#b) | 93.20-93.39% | 1.15x, 2.00x | 128.06 |") == ["93.20%", "93.39%", "1.15x", "2.00x", "128.06"]
+    assert on_page("93.41%", numbers, text) and on_page("1.15x", numbers, text) and on_page("128.06", numbers, text)
+    assert not on_page("93.42%", numbers, text) and not on_page("1.16x", numbers, text)
+    assert not on_page("28.06", numbers, text)
