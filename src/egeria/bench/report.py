@@ -616,14 +616,14 @@ def summary_tables(runs: list[dict]) -> list[str]:
                 whole = None if (untimed or row["plain"]) else _ratio(plain_wall, float(row["wall_time_s"]))
                 twin = None if (untimed or row["plain"]) else _ratio(twins.get(row["seed"]), float(row["wall_time_s"]))
                 wall = f"{float(row['wall_time_s']):.1f}" + (" (unreliable)" if untimed else "")
-                code = by_source.get(row["source"], {}).get("code") or "not recorded"
+                code = str(by_source.get(row["source"], {}).get("code") or "")[:7] or "not recorded"
                 lines.append(
                     f"| {row['policy']} | {row['seed']} | {_fmt_metric(row['final_metric'])} | {wall} "
                     f"| {'' if row['plain'] else _fmt_ratio(twin)} | {'' if row['plain'] else _fmt_ratio(whole)} "
                     f"| {'' if row['plain'] else _fmt_ratio(row.get('pace_matched_speedup'))} "
                     f"| {_short_tta(row['reached'], row['tta_speedup'], untimed)} "
                     f"| {_short_tta(row.get('mlperf_reached'), row.get('mlperf_tta_speedup'), untimed)} "
-                    f"| {_fmt_ratio(row['ideal_speedup'])} | {str(code)[:7]} |"
+                    f"| {_fmt_ratio(row['ideal_speedup'])} | {code} |"
                 )
             machines = sorted({_short_machine(r) for r in groups[layout]})
             lines += ["", "Machine: " + "; ".join(machines) + "."]
