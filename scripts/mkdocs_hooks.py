@@ -70,7 +70,8 @@ def _rewrite(match: re.Match, page_repo: str, page_uri: str, pages: dict[str, st
         kind = "tree" if where.is_dir() else "blob"
         return f"{bang}[{text}]({repo_url.rstrip('/')}/{kind}/main/{resolved})"
     shown = resolved + ("/" if where.is_dir() else "")
-    return f"`{shown}`" if text.strip("`") in (path, shown, resolved) else f"{text} (`{shown}`)"
+    named = text.strip("`").rstrip("/")
+    return f"`{shown}`" if named and resolved.endswith(named) else f"{text} (`{shown}`)"
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -33,6 +33,7 @@ def test_links_to_repository_files_become_code_or_web_links_and_broken_ones_stay
     assert render("[runs](results/demo/amd-epyc/)", "results.md") == "runs (`benchmarks/results/demo/amd-epyc/`)"
     assert render("[x](results/demo/amd-epyc/)", "results.md", repo_url="https://example.org/egeria") == \
         "[x](https://example.org/egeria/tree/main/benchmarks/results/demo/amd-epyc)"
+    assert render("[demo/amd-epyc/](results/demo/amd-epyc/)", "results.md") == "`benchmarks/results/demo/amd-epyc/`"
     assert render("[gone](results/no-such-folder/)", "results.md") == "[gone](results/no-such-folder/)"
 
 
