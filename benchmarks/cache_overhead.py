@@ -1,4 +1,6 @@
-"""What evaluating costs before anything freezes, with and without the activation cache:
+"""What does evaluating cost before anything freezes, with and without the activation cache?
+
+What evaluating costs before anything freezes, with and without the activation cache:
 plain training, Egeria evaluating but never freezing, and the same through
 ``Egeria.cache_loader``, side by side on the demo's setting (ResNet-20, 12,800 Fashion-MNIST
 images, batch 128, the demo's schedule) or, with ``--task vgg-fmnist``, on suite task (b)'s

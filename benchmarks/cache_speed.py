@@ -1,4 +1,6 @@
-"""Iteration time with the frozen prefix served from the activation cache, against
+"""How much faster is a step when the frozen prefix is served from the activation cache?
+
+Iteration time with the frozen prefix served from the activation cache, against
 computing it, side by side in one run (issue 5; paper 4.3 and 6.3 "FP caching benefits").
 
 For ResNet-20 on Fashion-MNIST (batch 128) and the 6-block Transformer LM on Penn

@@ -1,4 +1,6 @@
-"""Bytes all-reduced per step and step time, plain DDP against Egeria under DDP: 2 ranks
+"""Under DDP, do frozen parameters leave the all-reduce, and what does a step cost?
+
+Bytes all-reduced per step and step time, plain DDP against Egeria under DDP: 2 ranks
 over gloo on this machine's CPU, ResNet-20 on Fashion-MNIST (batch 64 per rank).
 
 Egeria's freezing policy here is the static one (the first K layer modules freeze at a

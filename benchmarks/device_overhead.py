@@ -1,4 +1,6 @@
-"""What Egeria costs a training step on an accelerator before anything freezes, by where its
+"""What does Egeria cost a step on an accelerator before any freeze, by where its controller runs?
+
+What Egeria costs a training step on an accelerator before anything freezes, by where its
 controller runs: one command for a GPU machine.
 
 ``benchmarks/device_check.py`` found Egeria's Transformer run on an H100 0.81x of plain's

@@ -1,4 +1,6 @@
-"""Where a fine-tuned Transformer's steps go before anything freezes: plain training against
+"""Where do a fine-tuned Transformer's steps go before anything freezes?
+
+Where a fine-tuned Transformer's steps go before anything freezes: plain training against
 Egeria reading but never freezing, phase by phase (issue 28 item 3).
 
 Issue 28 measured a 6-layer BERT-style encoder (22M parameters) fine-tuned with Egeria 4%

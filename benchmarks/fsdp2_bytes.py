@@ -1,4 +1,6 @@
-"""Bytes reduce-scattered and all-gathered per step, plain FSDP2 against Egeria under
+"""Under FSDP2, do frozen parameters leave the reduce-scatter and the all-gather?
+
+Bytes reduce-scattered and all-gathered per step, plain FSDP2 against Egeria under
 FSDP2: 2 ranks over gloo on this machine's CPU, a 6-layer Transformer LM
 (``egeria.models.TransformerLM``, d_model 128, vocabulary 1000, 64 tokens, batch 8 per
 rank) sharded with ``fully_shard`` per layer and at the root, as FSDP2 users do.

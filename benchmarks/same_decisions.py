@@ -1,4 +1,6 @@
-"""Whether a change of code changed Egeria's decisions: the demo's Egeria arm at whichever
+"""Did a change of code change Egeria's decisions on the demo?
+
+Whether a change of code changed Egeria's decisions: the demo's Egeria arm at whichever
 egeria ``PYTHONPATH`` holds, written as JSON to compare with another commit's (issue 30 item 6,
 the reshape: "the same decisions, bit for bit, on the recorded demo seed").
 

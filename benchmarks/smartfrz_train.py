@@ -1,4 +1,6 @@
-"""Trains SmartFRZ's freezing predictor from this project's own plain runs (issue 29).
+"""How is SmartFRZ's shipped predictor trained, from this project's own runs?
+
+Trains SmartFRZ's freezing predictor from this project's own plain runs (issue 29).
 
     .venv/bin/python benchmarks/smartfrz_train.py            # the whole pipeline, ~10 min on 2 cores
 

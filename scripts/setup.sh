@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh Debian-like machine: data packages, a virtualenv, the package.
+# One-time set-up on a fresh Debian-like machine: data packages, a virtualenv, the package
+# with the extras the demo, the tests and the documentation site need.
 # Idempotent: a second run only checks. Uses sudo for apt when not root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +21,4 @@ fi
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   .venv/bin/pip install -q -c scripts/constraints.txt torch
 fi
-.venv/bin/pip install -q -c scripts/constraints.txt -e ".[bench,test]"
+.venv/bin/pip install -q -c scripts/constraints.txt -e ".[bench,test,docs]"

@@ -12,11 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DECISIONS = ROOT / "docs" / "decisions"
+SITE = ROOT / "docs"
 DOCS = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "benchmarks" / "README.md",
-        ROOT / "benchmarks" / "results" / "README.md", *sorted(DECISIONS.glob("*.md"))]
+        ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results" / "README.md",
+        ROOT / "src" / "egeria" / "policies" / "SMARTFRZ.md", *sorted(SITE.rglob("*.md"))]
 DEMO_COMMAND = "bash scripts/setup.sh && .venv/bin/egeria demo"
 TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
-README_MAX_LINES = 250
+README_MAX_LINES = 160
 
 # a backticked path from the repository root (a folder ending in "/" or a file), or a bare
 # file name with one of these extensions (found from the root or beside the document)
@@ -91,9 +93,98 @@ def test_every_decision_record_is_in_the_index_and_has_its_sections() -> None:
 
 def test_every_record_the_code_cites_exists() -> None:
     cited = {}
-    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
         for name in CITATION.findall(path.read_text()):
             cited.setdefault(name, str(path.relative_to(ROOT)))
     assert cited, "the code cites no decision record"
     missing = {name: where for name, where in cited.items() if not (DECISIONS / name).exists()}
     assert missing == {}, f"the code cites decision records that do not exist: {missing}"
+
+
+# a script the benchmarks index names in a command: benchmarks/NAME.py, benchmarks/studies/NAME.sh, ...
+SCRIPT = re.compile(r"benchmarks/[\w/]+\.(?:py|sh)")
+
+
+def scripts() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*")
+                  if p.suffix in (".py", ".sh") and "results" not in p.parts)
+
+
+def test_the_benchmarks_index_lists_every_script_and_names_only_scripts_that_exist() -> None:
+    named = set(SCRIPT.findall((ROOT / "benchmarks" / "README.md").read_text()))
+    assert len(scripts()) >= 20  # the scripts exist; an empty folder would pass
+    assert [s for s in scripts() if s not in named] == [], "benchmarks/README.md does not list these scripts"
+    assert sorted(s for s in named if not (ROOT / s).exists()) == [], "benchmarks/README.md names scripts that do not exist"
+
+
+def test_every_benchmark_script_opens_with_the_question_it_answers() -> None:
+    import ast
+    for name in (s for s in scripts() if s.endswith(".py")):
+        doc = ast.get_docstring(ast.parse((ROOT / name).read_text()))
+        assert doc and doc.splitlines()[0].strip(), f"{name} has no first docstring line saying what it answers"
+
+
+RESULTS_MARKER = "<!-- results table"
+FIGURE_PAGES = [ROOT / "README.md", *sorted((SITE / "policies").glob("*.md"))]
+
+
+def results_rows(doc: Path) -> list[str]:
+    """The rows of every results table of ``doc``, each under a marker comment."""
+    lines = doc.read_text().splitlines()
+    rows = []
+    for start in (i for i, line in enumerate(lines) if line.startswith(RESULTS_MARKER)):
+        for line in lines[start + 3:]:
+            if not line.startswith("|"):
+                break
+            rows.append(line)
+    return rows
+
+
+def page_numbers(text: str) -> list[float]:
+    return [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))]
+
+
+def figures(row: str) -> list[str]:
+    """The figures of a table row, with their % or x, outside link targets; a range
+    (93.20-93.39%) gives both ends, each with the range's unit."""
+    text = re.sub(r"\]\([^)]*\)", "]", row).replace(",", "")
+    found: list[str] = []
+
+    def ends(m: re.Match) -> str:
+        found.extend([m[1] + m[3], m[2] + m[3]])
+        return " "
+
+    text = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)(%|x|)", ends, text)
+    return found + re.findall(r"(?<![\w.-])-?\d+(?:\.\d+)?(?:%|x)?", text)
+
+
+def on_page(figure: str, numbers: list[float], text: str) -> bool:
+    """A figure is on the results page as written, or a percentage as the fraction the run
+    files hold (93.41% as 0.9341), to its rounding."""
+    if re.search(r"(?<![\d.])" + re.escape(figure) + r"(?![\d])", text):
+        return True
+    if figure.endswith("%"):
+        value, places = float(figure[:-1]) / 100, len(figure[:-1].partition(".")[2]) + 2
+        return any(abs(n - value) <= 0.5 * 10 ** -places + 1e-9 for n in numbers)
+    return False
+
+
+@pytest.mark.parametrize("doc", FIGURE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_figure_of_a_results_table_is_on_the_results_page(doc: Path) -> None:
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    numbers = page_numbers(text)
+    rows = results_rows(doc)
+    if doc.name == "README.md":
+        assert len(rows) >= 6, "the README's results table was not found under its marker"
+    missing = {row.split("|")[1].strip()[:50]: [f for f in figures(row) if not on_page(f, numbers, text)]
+               for row in rows}
+    assert {k: v for k, v in missing.items() if v} == {}, f"{doc.name}: figures not on benchmarks/RESULTS.md"
+
+
+def test_a_figure_off_the_page_is_found() -> None:
+    text = "| egeria | 0 | 0.9341 | 1.15x | 128.06 |"
+    numbers = page_numbers(text)
+    assert figures("| [a](x.md#b) | 93.20-93.39% | 1.15x, 2.00x | 128.06 |") == ["93.20%", "93.39%", "1.15x", "2.00x", "128.06"]
+    assert on_page("93.41%", numbers, text) and on_page("1.15x", numbers, text) and on_page("128.06", numbers, text)
+    assert not on_page("93.42%", numbers, text) and not on_page("1.16x", numbers, text)
+    assert not on_page("28.06", numbers, text)

@@ -102,7 +102,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--snapshots", action="store_true",
         help="also save the model's weights at every record, outside the timed training "
-        "(POLICY-seedS-snapshots/stepN.pt; for benchmarks/oracle.py)",
+        "(POLICY-seedS-snapshots/stepN.pt; for benchmarks/studies/oracle.py)",
     )
     p.add_argument(
         "--heap", choices=HEAPS, default="steady",

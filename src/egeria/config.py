@@ -91,130 +91,132 @@ class EgeriaConfig:
     when the config is built; a bad one raises ``ValueError`` naming the field and the value.
     """
 
-    # n: steps between two plasticity evaluations, and between two looks at the loss
-    # during bootstrapping. None: under the paper's rule, derived from ``total_steps`` by
-    # the paper's guideline n = total_steps / (2 W) / modules / 1.75 (section 4.2.2);
-    # under Egeria's, MIN_EVAL_INTERVAL, 20 (every module is read at once, so n sets how
-    # soon after its drift falls a module freezes, whatever the run's length); the
-    # guideline's n is raised to it too. An explicit value is used as given. The cost
-    # budget may lengthen a derived n.
     eval_interval: int | None = None
-    # W: evaluations with a low plasticity slope needed to freeze a module; also the
-    # length of the moving-average window and of the slope fit. Halved at each unfreeze
-    # under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
-    # freeze only once the drift still to come has fallen to ``horizon`` of its largest,
-    # so the W readings confirm a level rather than guard against noise at a high
-    # learning rate; see docs/decisions/009-window-3.md).
+    """n: steps between two plasticity evaluations, and between two looks at the loss
+    during bootstrapping. None: under the paper's rule, derived from ``total_steps`` by
+    the paper's guideline n = total_steps / (2 W) / modules / 1.75 (section 4.2.2);
+    under Egeria's, MIN_EVAL_INTERVAL, 20 (every module is read at once, so n sets how
+    soon after its drift falls a module freezes, whatever the run's length); the
+    guideline's n is raised to it too. An explicit value is used as given. The cost
+    budget may lengthen a derived n."""
     window: int | None = None
-    # Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
-    # or "auto": bf16 (its refresh is a cast, and floor_ratio is measured
-    # with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values;
-    # see docs/decisions/002-reference-precision.md).
+    """W: evaluations with a low plasticity slope needed to freeze a module; also the
+    length of the moving-average window and of the slope fit. Halved at each unfreeze
+    under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
+    freeze only once the drift still to come has fallen to ``horizon`` of its largest,
+    so the W readings confirm a level rather than guard against noise at a high
+    learning rate; see docs/decisions/009-window-3.md)."""
     reference_precision: str = "auto"
-    # Where the controller's reference and fp32 front live. "cpu" (default): host copies,
-    # so the controller can run beside the trainer on idle host cores (the paper's design).
-    # "model": on the model's own device, in the training process (executor "inline";
-    # "auto" picks it), so a reading crosses no device-host copy and runs at the
-    # accelerator's speed, taking a little of its time between steps (int8 kernels are
-    # CPU-only).
+    """Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
+    or "auto": bf16 (its refresh is a cast, and floor_ratio is measured
+    with its error; on a CPU without native bf16 it computes in fp32 on bf16-rounded values;
+    see docs/decisions/002-reference-precision.md)."""
     reference_device: str = "cpu"
-    # Layer modules: None = automatic (building blocks grouped in execution order);
-    # a list of module names; or a regular expression matched against module names.
+    """Where the controller's reference and fp32 front live. "cpu" (default): host copies,
+    so the controller can run beside the trainer on idle host cores (the paper's design).
+    "model": on the model's own device, in the training process (executor "inline";
+    "auto" picks it), so a reading crosses no device-host copy and runs at the
+    accelerator's speed, taking a little of its time between steps (int8 kernels are
+    CPU-only)."""
     modules: Union[str, Sequence[str], None] = None
-    # Upper bound on the number of automatic layer modules; small neighbouring blocks
-    # are merged until at most this many remain.
+    """Layer modules: None = automatic (building blocks grouped in execution order);
+    a list of module names; or a regular expression matched against module names."""
     max_modules: int = 8
-    # At most the leading modules holding this share of the model's weight computation
-    # ever freeze: the multiply-adds of its linear and convolutional weights in the first
-    # forward pass (egeria.partition.weight_flops), whose shares are those of the backward
-    # work a freeze saves. None: the rule's own, no cap (paper) or 0.75 (egeria: at least
-    # a quarter of the model's weight computation keeps training: on ResNet-20 the stem and
-    # stages 1-2 may freeze and stage 3 trains on; on a 6-layer encoder it allows 4 layers,
-    # as AutoFreeze froze; see docs/decisions/011-max-frozen-flops.md). A baseline policy is
-    # capped only by a value given. 1.0: no cap.
+    """Upper bound on the number of automatic layer modules; small neighbouring blocks
+    are merged until at most this many remain."""
     max_frozen_flops: float | None = None
-    # The freezing rule. "paper": Algorithm 1 as published: one module watched at a time,
-    # each starting its history when the one before it froze; after an unfreeze W is
-    # halved and watching restarts at once. "egeria": every freezable module is read
-    # from one forward pass, so a module's history is ready when the one before it
-    # freezes; after an unfreeze the rule waits for the loss to settle again (bootstrapping)
-    # and keeps W; a learning rate 2x higher or lower than at a module's previous reading
-    # restarts its moving average and stale count (a new regime; its tolerance stays),
-    # and the reading spanning the change joins neither regime's average
-    # (docs/decisions/004-read-every-module.md, docs/decisions/014-lr-regimes.md).
+    """At most the leading modules holding this share of the model's weight computation
+    ever freeze: the multiply-adds of its linear and convolutional weights in the first
+    forward pass (egeria.partition.weight_flops), whose shares are those of the backward
+    work a freeze saves. None: the rule's own, no cap (paper) or 0.75 (egeria: at least
+    a quarter of the model's weight computation keeps training: on ResNet-20 the stem and
+    stages 1-2 may freeze and stage 3 trains on; on a 6-layer encoder it allows 4 layers,
+    as AutoFreeze froze; see docs/decisions/011-max-frozen-flops.md). A baseline policy is
+    capped only by a value given. 1.0: no cap."""
     rule: str = "egeria"
-    # Readings run on the first ``probe_size`` samples of the evaluation batch; a reading's
-    # cost shrinks with it. None: the rule's, 32 (egeria, in activation_mode "eval": small
-    # enough that the cost budget keeps n at 20 on 2 CPU cores; see
-    # docs/decisions/010-probe-size.md) or the whole batch (paper).
+    """The freezing rule. "paper": Algorithm 1 as published: one module watched at a time,
+    each starting its history when the one before it froze; after an unfreeze W is
+    halved and watching restarts at once. "egeria": every freezable module is read
+    from one forward pass, so a module's history is ready when the one before it
+    freezes; after an unfreeze the rule waits for the loss to settle again (bootstrapping)
+    and keeps W; a jump of the schedule (a step whose learning rate differs 2x from the
+    step before it and holds; without a known schedule, a 2x change since the previous
+    reading) restarts each module's moving average and stale count (a new regime; its
+    tolerance stays), and the reading spanning it joins neither regime's average
+    (docs/decisions/004-read-every-module.md, docs/decisions/014-lr-regimes.md)."""
     probe_size: int | None = None
-    # Egeria's criterion: a module whose readings have settled (the slope test over W
-    # readings) freezes once the drift still to come is at most this share of the largest
-    # it has had in the run. The drift still to come is the module's pace (its drift per
-    # unit of learning-rate mass, the median of its last W readings) times the
-    # learning-rate mass still ahead, read from the schedule whatever built it
-    # (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
-    # freeze. With it, a module that is not quiet also waits for a learning rate at most
-    # 1/100 of the run's peak (docs/decisions/030-freeze-at-low-lr.md). None: the rule's
-    # own, 0.0005 (egeria; see docs/decisions/008-horizon.md) or none (paper: the slope
-    # alone decides); 1.0 turns both conditions off.
+    """Readings run on the first ``probe_size`` samples of the evaluation batch; a reading's
+    cost shrinks with it. None: the rule's, 32 (egeria, in activation_mode "eval": small
+    enough that the cost budget keeps n at 20 on 2 CPU cores; see
+    docs/decisions/010-probe-size.md) or the whole batch (paper)."""
     horizon: float | None = None
-    # The point on the speed-accuracy frontier (Egeria's rule): how low the learning rate
-    # must have come, as a share of the run's peak, before a module that has settled but
-    # still moves (is not at its floor) may freeze. "safe" (default): 1/100, after a step
-    # schedule's second tenfold decay or in the last few percent of a cosine; every freeze
-    # measured there cost nothing. "balanced": 1/30. "fast": 1/10, after a step schedule's
-    # first decay. A number in (0, 1] is that share itself (1.0: no bound). The lower the
-    # bound, the later and safer the freeze; the measured cost and speedup of each value per
-    # task are in docs/decisions/031-speed-knob.md. Quiet modules
-    # (floor_ratio) freeze at any learning rate whatever the value. The paper's rule and the
-    # baseline policies ignore it.
+    """Egeria's criterion: a module whose readings have settled (the slope test over W
+    readings) freezes once the drift still to come is at most this share of the largest
+    it has had in the run. The drift still to come is the module's pace (its drift per
+    unit of learning-rate mass, the median of its last W readings) times the
+    learning-rate mass still ahead, read from the schedule whatever built it
+    (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
+    freeze. With it, a module that is not quiet also waits for a learning rate at most
+    the share of the run's peak that ``speed`` names (1/100 by default;
+    docs/decisions/030-freeze-at-low-lr.md). None: the rule's own, 0.0005 (egeria; see
+    docs/decisions/008-horizon.md) or none (paper: the slope alone decides); 1.0 turns
+    both conditions off."""
     speed: Union[str, float] = "safe"
-    # A module also freezes after W readings in a row whose smoothed plasticity is at most
-    # this many times its *floor*: what a reading reads when the module has not moved (the
-    # reference's own error, measured after each refresh at one more reference forward),
-    # however much learning-rate mass is still ahead: its drift cannot be told from none.
-    # This is how a pretrained front freezes early in fine-tuning, where its drift never
-    # falls far below its first readings. None: the rule's own, off (paper) or 8.0 (egeria;
-    # measured with a bf16 reference, whose floor is far below an int8 one's; see
-    # docs/decisions/012-floor-ratio.md). 0 turns it off.
+    """The point on the speed-accuracy frontier (Egeria's rule): how low the learning rate
+    must have come, as a share of the run's peak, before a module that has settled but
+    still moves (is not at its floor) may freeze. "safe" (default): 1/100, after a step
+    schedule's second tenfold decay or in the last few percent of a cosine; every freeze
+    measured there cost nothing. "balanced": 1/30. "fast": 1/10, after a step schedule's
+    first decay. A number in (0, 1] is that share itself (1.0: no bound). The lower the
+    bound, the later and safer the freeze; the measured cost and speedup of each value are
+    in docs/decisions/031-speed-knob.md. Quiet modules (floor_ratio) freeze at any
+    learning rate whatever the value. The paper's rule and the baseline policies ignore
+    it."""
     floor_ratio: float | None = None
-    # Share of training time Egeria's readings may take on the training thread. With a
-    # derived n, n is lengthened once, early, to keep within it (measured on the first
-    # evaluations); a budget an explicit eval_interval breaks is reported once. None: no
-    # budget. See docs/decisions/016-cost-budget.md.
+    """A module also freezes after W readings in a row whose smoothed plasticity is at most
+    this many times its *floor*: what a reading reads when the module has not moved (the
+    reference's own error, measured after each refresh at one more reference forward),
+    however much learning-rate mass is still ahead: its drift cannot be told from none.
+    This is how a pretrained front freezes early in fine-tuning, where its drift never
+    falls far below its first readings. None: the rule's own, off (paper) or 8.0 (egeria;
+    measured with a bf16 reference, whose floor is far below an int8 one's; see
+    docs/decisions/012-floor-ratio.md). 0 turns it off."""
     cost_budget: float | None = 0.01
-    # Where a reading's training activation comes from. "eval": at the evaluation step the
-    # model's front, up to the watched module, runs once more in eval mode without
-    # gradients, so the reading sees the module's own drift and not BatchNorm batch
-    # statistics or dropout noise. "train": hooked from the training forward pass, as in
-    # the paper; no extra compute, but that noise dwarfs the reference's own error (see
-    # docs/decisions/001-eval-mode-readings.md).
+    """Share of training time Egeria's readings may take on the training thread. With a
+    derived n, n is lengthened once, early, to keep within it (measured on the first
+    evaluations); a budget an explicit eval_interval breaks is reported once. None: no
+    budget. See docs/decisions/016-cost-budget.md."""
     activation_mode: str = "eval"
-    # When to freeze: "egeria" (plasticity against the reference model), or a baseline
-    # from egeria.policies: "freezeout", "autofreeze", "linear", "static", "none".
+    """Where a reading's training activation comes from. "eval": at the evaluation step the
+    model's front, up to the watched module, runs once more in eval mode without
+    gradients, so the reading sees the module's own drift and not BatchNorm batch
+    statistics or dropout noise. "train": hooked from the training forward pass, as in
+    the paper; no extra compute, but that noise dwarfs the reference's own error (see
+    docs/decisions/001-eval-mode-readings.md)."""
     policy: str = "egeria"
-    # Options of a baseline policy, e.g. {"t0": 0.8, "scaling": "cubic"} for "freezeout".
+    """When to freeze: "egeria" (plasticity against the reference model), or a baseline
+    from egeria.policies: "freezeout", "autofreeze", "linear", "static", "none"."""
     policy_options: Mapping[str, Any] = field(default_factory=dict)
-    # Where the controller runs (paper 4.1): "auto" (inline for a model on the CPU, whose
-    # cores all train; its own process beside an accelerator: egeria.knowledge.placement), "process"
-    # (its own process; the trainer never waits for it), "thread" (a thread of the training
-    # process), "inline" (inside Egeria.step(), decisions at the evaluation step).
+    """Options of a baseline policy, e.g. {"t0": 0.8, "scaling": "cubic"} for "freezeout"."""
     executor: str = "auto"
-    # Cores the controller process may run on (Linux; None: wherever the trainer may).
-    # Beside an accelerator, name host cores the data loader does not need.
+    """Where the controller runs (paper 4.1): "auto" (inline for a model on the CPU, whose
+    cores all train; its own process beside an accelerator: egeria.knowledge.placement), "process"
+    (its own process; the trainer never waits for it), "thread" (a thread of the training
+    process), "inline" (inside Egeria.step(), decisions at the evaluation step)."""
     controller_cpus: Union[Sequence[int], None] = None
-    # Start method of the controller process; None follows the platform default, as
-    # torch's DataLoader workers do. Under "spawn" the model must be picklable, and the
-    # script's training code under `if __name__ == "__main__":` (without it the process
-    # stops and the controller runs in a thread, with one warning: egeria.knowledge.mainguard).
+    """Cores the controller process may run on (Linux; None: wherever the trainer may).
+    Beside an accelerator, name host cores the data loader does not need."""
     start_method: str | None = None
-    # The controller runs a reference forward pass only while other processes use less
-    # than this share of the machine's CPU time (the paper's 50%); None never waits.
+    """Start method of the controller process; None follows the platform default, as
+    torch's DataLoader workers do. Under "spawn" the model must be picklable, and the
+    script's training code under `if __name__ == "__main__":` (without it the process
+    stops and the controller runs in a thread, with one warning: egeria.knowledge.mainguard)."""
     cpu_threshold: float | None = 0.5
-    # The rule-dependent fields that were left at None and took the rule's values (so
-    # that replace() with another rule takes that rule's).
+    """The controller runs a reference forward pass only while other processes use less
+    than this share of the machine's CPU time (the paper's 50%); None never waits."""
     _from_rule: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
+    """The rule-dependent fields that were left at None and took the rule's values (so
+    that replace() with another rule takes that rule's)."""
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:

@@ -98,6 +98,7 @@ class Partition:
 
     @property
     def names(self) -> list[str]:
+        """The layer modules' names, in execution order."""
         return [m.name for m in self.modules]
 
     def __len__(self) -> int:

@@ -15,7 +15,7 @@ pytestmark = needs_fmnist
 
 EPOCHS = 5
 # How far Egeria may end below plain. Runs this short are chaotic: over seeds 0-4 the plain
-# run's accuracy spans 76.2% to 80.2% (benchmarks/real_data_spread.py, committed in
+# run's accuracy spans 76.2% to 80.2% (benchmarks/studies/real_data_spread.py, committed in
 # benchmarks/results/real_data_spread/). With the same seed Egeria ended 0 to 0.6 points
 # below plain on the AMD CI machines, 2.4 points below on an Intel one, where other float
 # kernels change the trajectory as another seed would. The margin is the measured plain

@@ -319,7 +319,7 @@ def _train(
             "%s epoch %d: %.4f test accuracy after %.1f s of training", name, result.epoch, accuracy, result.train_time_s
         )
 
-    turns = current_turns() or _Alone()  # one arm alone (benchmarks/demo_arm.py) takes no turns
+    turns = current_turns() or _Alone()  # one arm alone (benchmarks/studies/demo_arm.py) takes no turns
     try:
         turns.join()
         steps = train(

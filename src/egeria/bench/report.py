@@ -574,3 +574,78 @@ def build_report(runs: list[dict], out_dir: str | PathLike[str], *, plots: bool 
         json.dump(report, f, indent=1, allow_nan=True)
     logger.info("report written to %s", out)
     return report
+
+
+# ------------------------------------------------------------------------- the results page
+
+
+def summary_tables(runs: list[dict]) -> list[str]:
+    """Short Markdown tables of ``runs`` for a results page, one per task and layout: per run
+    its final metric, the whole-run speedup over its twin (the timed plain run of its seed)
+    and over the timed plain seeds' mean wall time, the time-to-target speedups, the FLOP-ideal speedup and the code commit, then the machines.
+    The numbers are :func:`build_report`'s; nothing is written to disk.
+
+    Raises:
+        ValueError: no runs, or runs :func:`build_report` would refuse.
+    """
+    runs = list(runs)
+    if not runs:
+        raise ValueError("summary_tables: no runs")
+    for i, r in enumerate(runs):
+        check_run(r, r.get("source", f"run {i}"))
+    by_task: dict[str, dict[str, list[dict]]] = {}
+    for r in sorted(runs, key=lambda r: LAYOUTS.index(layout_name(r))):
+        by_task.setdefault(str(r["task"]), {}).setdefault(layout_name(r), []).append(r)
+    lines: list[str] = []
+    for task in sorted(by_task):
+        groups = by_task[task]
+        task_data = _task_report(task, groups)
+        metric = task_data["metric"]["name"]
+        for layout, data in task_data["layouts"].items():
+            by_source = {r.get("source"): r for r in groups[layout]}
+            timed = [row for row in data["rows"] if row["plain"] and not row.get("timing_unreliable")]
+            plain_wall = _mean([float(row["wall_time_s"]) for row in timed])
+            twins = {row["seed"]: float(row["wall_time_s"]) for row in timed}
+            if lines:
+                lines.append("")
+            lines += [
+                f"`{task}`, {layout} layout: {metric}; target {_fmt_metric(data['target'])}, MLPerf-style target "
+                f"{_fmt_metric((data['mlperf_target'] or {}).get('target'))}; speedups against the timed plain "
+                "seeds' mean, or the timed plain run of the same seed (its twin).",
+                "",
+                "| policy | seed | final | wall time (s) | whole run vs twin | vs plain mean | at plain's pace "
+                "| to target | to MLPerf-style target | FLOP-ideal | code |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            ]
+            for row in data["rows"]:
+                untimed = bool(row.get("timing_unreliable"))
+                whole = None if (untimed or row["plain"]) else _ratio(plain_wall, float(row["wall_time_s"]))
+                twin = None if (untimed or row["plain"]) else _ratio(twins.get(row["seed"]), float(row["wall_time_s"]))
+                wall = f"{float(row['wall_time_s']):.1f}" + (" (unreliable)" if untimed else "")
+                code = str(by_source.get(row["source"], {}).get("code") or "")[:7] or "not recorded"
+                lines.append(
+                    f"| {row['policy']} | {row['seed']} | {_fmt_metric(row['final_metric'])} | {wall} "
+                    f"| {'' if row['plain'] else _fmt_ratio(twin)} | {'' if row['plain'] else _fmt_ratio(whole)} "
+                    f"| {'' if row['plain'] else _fmt_ratio(row.get('pace_matched_speedup'))} "
+                    f"| {_short_tta(row['reached'], row['tta_speedup'], untimed)} "
+                    f"| {_short_tta(row.get('mlperf_reached'), row.get('mlperf_tta_speedup'), untimed)} "
+                    f"| {_fmt_ratio(row['ideal_speedup'])} | {code} |"
+                )
+            machines = sorted({_short_machine(r) for r in groups[layout]})
+            lines += ["", "Machine: " + "; ".join(machines) + "."]
+    return lines
+
+
+def _short_machine(run: dict) -> str:
+    """The machine in a few words: its CPU and flags, cores and torch."""
+    m = _machine(run)
+    if not isinstance(m, dict):
+        return str(m)
+    flags = f" ({', '.join(m['cpu_flags'])})" if m.get("cpu_flags") else ""
+    return f"{m.get('cpu', '?')}{flags}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}"
+
+
+def _short_tta(reached: bool | None, speedup: float | None, untimed: bool) -> str:
+    if not reached:
+        return "not reached"
+    return "reached" if (untimed or speedup is None) else _fmt_ratio(speedup)

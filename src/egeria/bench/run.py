@@ -94,7 +94,7 @@ def run_bench(
             shows the cache's effect.
         snapshots: also save the model's weights at every record, outside the timed
             training, as ``<stem>-snapshots/step<N>.pt`` beside the JSON (for the post-hoc
-            study of when each module converged, ``benchmarks/oracle.py``).
+            study of when each module converged, ``benchmarks/studies/oracle.py``).
         heap: ``"steady"`` fixes this process's glibc heap thresholds before training
             (:func:`egeria.bench.allocator.steady_heap`: no page faults per step by the chance of
             the first allocations, for every policy alike); ``"default"`` leaves the heap as

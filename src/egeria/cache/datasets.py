@@ -60,11 +60,13 @@ class Augmented(Dataset):
         self._drawn = array("i")
 
     def set_epoch(self, epoch: int) -> None:
+        """Starts ``epoch``: its variants are drawn afresh from ``(seed, epoch, i)``."""
         if epoch != self.epoch:
             self._drawn = array("i")
         self.epoch = epoch
 
     def variant(self, index: int) -> int:
+        """The variant, in ``0..variants-1``, item ``index`` takes this epoch."""
         return self._variant_at(_position(index, len(self)))
 
     def _variant_at(self, position: int) -> int:

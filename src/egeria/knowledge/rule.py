@@ -4,7 +4,7 @@ own criterion: the movement still to come).
 It holds no model and no reference: it takes plasticity readings, with what the run's
 learning-rate schedule says of them, and says which front modules may freeze; the
 controller feeds it live readings and a study can feed it the readings a run recorded
-(``benchmarks/movement_ahead.py``).
+(``benchmarks/studies/movement_ahead.py``).
 
 Egeria's criterion (``horizon`` set). A reading measures how far a module drifted since
 the reference was last refreshed, that is its drift *rate*, not the distance it still has

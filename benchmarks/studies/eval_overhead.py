@@ -1,4 +1,6 @@
-"""Evaluation-only overhead: Egeria evaluating plasticity but never freezing, against plain
+"""What does evaluating cost before anything freezes, arms run one after the other (older)?
+
+Evaluation-only overhead: Egeria evaluating plasticity but never freezing, against plain
 training, in one layout (issue 10's goal: at most 2% CPU-only, at most 1% accel).
 
 Both arms train one task's model (ResNet-20 by default; ``--task vgg-fmnist`` the suite's
@@ -7,7 +9,7 @@ plain, Egeria, plain, Egeria... so that the machine's drift within the session f
 both. Egeria runs its default configuration with ``horizon`` set so low (and ``floor_ratio`` off) that no
 module ever freezes (its readings, controller and cost budget all run as usual).
 
-    .venv/bin/python benchmarks/eval_overhead.py --layout accel [--task T] [--steps 400] [--repeats 2] [--cache]
+    .venv/bin/python benchmarks/studies/eval_overhead.py --layout accel [--task T] [--steps 400] [--repeats 2] [--cache]
 
 With ``--cache`` the Egeria arm also trains through ``Egeria.cache_loader`` (nothing
 freezes, so nothing is recorded: this measures the loader wrapper with the readings).
@@ -25,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
@@ -39,7 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="plain/Egeria pairs")
     parser.add_argument("--cache", action="store_true", help="the Egeria arm trains through the cache loader")
     args = parser.parse_args()
-    command = " ".join([".venv/bin/python", "benchmarks/eval_overhead.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "benchmarks/studies/eval_overhead.py", *sys.argv[1:]])
     print(command)
     print(describe_machine())
     limit = 128 * args.steps // 2  # two epochs of steps/2 batches: n is 20 either way

@@ -1,4 +1,6 @@
-"""How far above its *floor* each module's plasticity reads, per learning-rate band.
+"""How far above its floor does each module's plasticity read, per learning-rate band?
+
+How far above its *floor* each module's plasticity reads, per learning-rate band.
 
 A module's floor is what a reading reads when the module has not moved: the SP loss
 between a freshly refreshed reference and the training model's own eval-mode activation,
@@ -6,7 +8,7 @@ same weights, same batch (the reference's bf16 or int8 error). Egeria's rule fre
 module whose smoothed readings stay within ``floor_ratio`` (8) x its smoothed floor for W
 readings (``EgeriaConfig.floor_ratio``).
 
-For each ``egeria bench`` Egeria run given (or readings written by ``benchmarks/demo_arm.py
+For each ``egeria bench`` Egeria run given (or readings written by ``benchmarks/studies/demo_arm.py
 SEED egeria --history FILE``), per watched module and learning-rate half-decade (named by
 its upper end): the number of readings, their median, the median floor, the median and the
 lowest smoothed reading / floor (what the rule compares), and the share of smoothed
@@ -15,7 +17,7 @@ from 5ccddc9 on) use each reading's own smoothed floor; for older runs the floor
 here on the run's final weights (the ``.pt`` beside its JSON), in the precision the run's
 reference had on this machine, as the median over 4 random probes of the run's probe size.
 
-    .venv/bin/python benchmarks/reading_floor.py RUN.json [RUN.json ...] [--out FILE]
+    .venv/bin/python benchmarks/studies/reading_floor.py RUN.json [RUN.json ...] [--out FILE]
 
 Prints the command, the machine and one table per run; writes the rows as JSON
 (default ``benchmarks/results/reading_floor/floors.json``).
@@ -30,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBES = 4
 
 
@@ -126,7 +128,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/reading_floor/floors.json")
     args = parser.parse_args(argv)
-    print(" ".join([".venv/bin/python", "benchmarks/reading_floor.py", *argv]))
+    print(" ".join([".venv/bin/python", "benchmarks/studies/reading_floor.py", *argv]))
     print(describe_machine())
     ratio = EgeriaConfig().floor_ratio
     results = []
@@ -148,7 +150,7 @@ def main(argv: list[str]) -> None:
                   f"{row['floor']:>11.2e}{row['median_ratio']:>10.1f}{row['lowest_ratio']:>9.1f}{row['within_ratio']:>7.0%}")
         results.append({"run": str(path), "task": run["task"], "seed": run["seed"], "floors": source, "rows": rows})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(["benchmarks/reading_floor.py", *argv]),
+    args.out.write_text(json.dumps({"command": " ".join(["benchmarks/studies/reading_floor.py", *argv]),
                                     "machine": describe_machine(), "runs": results}, indent=1) + "\n")
     print(f"\nwrote {args.out}")
 

@@ -19,7 +19,7 @@ oracle's distance to the end there (relative to the module's largest); it writes
 ``results/movement_ahead/movement_ahead.json`` and a plot of ``R`` and the oracle's
 relative distance over the run.
 
-    .venv/bin/python benchmarks/movement_ahead.py
+    .venv/bin/python benchmarks/studies/movement_ahead.py
 
 No training: it reads committed results (seconds).
 """
@@ -32,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORACLE = ROOT / "benchmarks/results/oracle/oracle.json"
 OUT = ROOT / "benchmarks/results/movement_ahead"
 THRESHOLDS = (0.1, 0.03, 0.01, 0.003, 0.001)
@@ -120,7 +120,7 @@ def _plot(result: dict, path: Path) -> None:
 def main() -> int:
     from egeria.bench.machine import describe_machine
 
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/movement_ahead.py", *sys.argv[1:]])
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/studies/movement_ahead.py", *sys.argv[1:]])
     oracle = json.loads(ORACLE.read_text())
     print("command:", command)
     print("machine:", describe_machine()["cpu"], "(no training: committed results only)")

@@ -1,4 +1,6 @@
-"""Cost of one plasticity evaluation against one training step, per reference precision.
+"""What does one plasticity reading cost against one training step, per precision?
+
+Cost of one plasticity evaluation against one training step, per reference precision.
 
 One plasticity evaluation (paper 4.2.1) is a forward pass of the CPU reference model up to
 the watched layer module plus the SP loss between that activation and the training
@@ -32,8 +34,8 @@ precisions are timed round-robin, so drift of the machine hits them alike.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/plasticity_cost.py            # full run, a few minutes
-    .venv/bin/python benchmarks/plasticity_cost.py --quick    # smoke run, under a minute
+    .venv/bin/python benchmarks/studies/plasticity_cost.py            # full run, a few minutes
+    .venv/bin/python benchmarks/studies/plasticity_cost.py --quick    # smoke run, under a minute
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ from egeria.knowledge.truncated import run_until  # noqa: E402
 PRECISIONS = ("fp32", "bf16", "int8")
 REF_THREADS = (1, 2)
 TRAIN_THREADS = 2
-RESULTS = Path(__file__).resolve().parent / "results" / "plasticity_cost.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "plasticity_cost.json"
 
 
 # -- timing --------------------------------------------------------------------------

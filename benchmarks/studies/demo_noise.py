@@ -1,4 +1,6 @@
-"""How far the demo's plain final accuracy moves when plain training changes harmlessly at the
+"""How far does the demo's plain final move when training changes harmlessly at the freeze step?
+
+How far the demo's plain final accuracy moves when plain training changes harmlessly at the
 step where Egeria's demo freezes: the noise floor for the demo's "same accuracy".
 
 Egeria's arm and plain's arm are bit-identical until Egeria's first freeze (step 640 of 800
@@ -9,8 +11,8 @@ epoch's examples reshuffled, later epochs drawn afresh): plain SGD with other no
 same point. The twins' distance from the committed plain arm is how much accuracy a
 divergence at ``AT`` moves without costing anything.
 
-    .venv/bin/python benchmarks/demo_noise.py run SEED TWIN [AT]   # prints one JSON line
-    .venv/bin/python benchmarks/demo_noise.py table FILE.jsonl      # per seed, against Egeria
+    .venv/bin/python benchmarks/studies/demo_noise.py run SEED TWIN [AT]   # prints one JSON line
+    .venv/bin/python benchmarks/studies/demo_noise.py table FILE.jsonl      # per seed, against Egeria
 
 ``run`` checks that the twin's losses match the committed plain arm's
 (``benchmarks/results/demo/seedS/demo.json``) through step ``AT`` (they do on the machine
@@ -26,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FREEZE_STEP = 640  # Egeria's first freeze on every seed of the committed demo
 
 

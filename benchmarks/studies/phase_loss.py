@@ -1,4 +1,6 @@
-"""Where a freeze costs: each learning-rate phase's mean training loss, Egeria against plain
+"""In which learning-rate phase does a freeze cost training loss?
+
+Where a freeze costs: each learning-rate phase's mean training loss, Egeria against plain
 training on the same batches (issue 10, item 4).
 
 Both arms of a demo (``demo.json``) and a plain and an Egeria run of one seed (``egeria
@@ -6,8 +8,8 @@ bench`` run files) train on the same batches in the same order, and are identica
 Egeria's first freeze; after it, the gap in training loss shows in which phase the frozen
 modules' missing updates cost. The phases are cut at the learning-rate drops.
 
-    .venv/bin/python benchmarks/phase_loss.py benchmarks/results/demo/seed*/demo.json
-    .venv/bin/python benchmarks/phase_loss.py --pair PLAIN.json EGERIA.json
+    .venv/bin/python benchmarks/studies/phase_loss.py benchmarks/results/demo/seed*/demo.json
+    .venv/bin/python benchmarks/studies/phase_loss.py --pair PLAIN.json EGERIA.json
 
 Prints the command, then one line per pair: the first freeze and, per phase, plain's mean
 loss, Egeria's, and Egeria's minus plain's.
@@ -84,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.demos and not args.pair:
         parser.error("give demo.json files or --pair PLAIN EGERIA")
-    print(" ".join([".venv/bin/python", "benchmarks/phase_loss.py", *sys.argv[1:]]))
+    print(" ".join([".venv/bin/python", "benchmarks/studies/phase_loss.py", *sys.argv[1:]]))
     pairs = [from_demo(p) for p in args.demos] + [from_runs(p, e) for p, e in args.pair]
     results = [report(pair) for pair in pairs]
     for r in results:

@@ -1,4 +1,6 @@
-"""Replays Egeria's freezing rule on the plasticity readings runs recorded: when would each
+"""When would each module have frozen at each horizon, replayed on recorded readings?
+
+Replays Egeria's freezing rule on the plasticity readings runs recorded: when would each
 module have frozen under the criterion of the drift still to come (issue 28), at each
 ``horizon``, on a step schedule, a linear decay in fine-tuning and a language model's
 inverse-square-root schedule?
@@ -16,7 +18,7 @@ learning rates since the previous reading) and the mass still ahead, from the ru
 schedule (:class:`egeria.lr_schedule.LRSchedule`); the floors it recorded where it recorded
 them (``floor_ratio``).
 
-    .venv/bin/python benchmarks/rule_replay.py
+    .venv/bin/python benchmarks/studies/rule_replay.py
 
 Prints the command, the machine and, per run and horizon, the step each module would freeze
 at with the share of the run's learning-rate mass still ahead there, beside the step the run
@@ -32,7 +34,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/rule_replay"
 HORIZONS = (0.01, 0.003, 0.001, 0.0007, 0.0005, 0.0003)
 WINDOW, TOLERANCE_RATIO, FLOOR_RATIO = 3, 0.2, 8.0  # the default rule's
@@ -136,7 +138,7 @@ def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, 
 def main() -> int:
     from egeria.bench.machine import describe_machine
 
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/rule_replay.py", *sys.argv[1:]])
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/studies/rule_replay.py", *sys.argv[1:]])
     print("command:", command)
     print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
     results = []

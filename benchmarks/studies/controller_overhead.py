@@ -1,4 +1,6 @@
-"""Overhead of the asynchronous controller: training with Egeria evaluating but never
+"""What does a controller process cost training on a CPU-only machine?
+
+Overhead of the asynchronous controller: training with Egeria evaluating but never
 freezing, against plain PyTorch, side by side in one run (issue 4; paper 4.1.2 reports up
 to 1.5%).
 
@@ -18,8 +20,8 @@ between an evaluation and the step at which its answer was applied (its distribu
 
 Run from the repository root, on an otherwise idle machine::
 
-    .venv/bin/python benchmarks/controller_overhead.py            # full run, about 25 min
-    .venv/bin/python benchmarks/controller_overhead.py --quick    # smoke run, about 1 min
+    .venv/bin/python benchmarks/studies/controller_overhead.py            # full run, about 25 min
+    .venv/bin/python benchmarks/studies/controller_overhead.py --quick    # smoke run, about 1 min
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from egeria.bench.harness import classification_loss, train  # noqa: E402
 from egeria.bench.machine import describe_machine  # noqa: E402
 from egeria.models import TransformerLM, next_token_loss, resnet  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "controller_overhead"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "controller_overhead"
 WARMUP = 10
 
 
@@ -104,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     steps, rounds = (20, 1) if args.quick else (args.steps, args.rounds)
     torch.set_num_threads(2)
-    command = " ".join([".venv/bin/python", "benchmarks/controller_overhead.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "benchmarks/studies/controller_overhead.py", *sys.argv[1:]])
     print(f"$ {command}")
     machine = describe_machine()
     print(f"machine: {machine['cpu']}, {machine['usable_cores']} usable cores, torch {machine['torch']}")

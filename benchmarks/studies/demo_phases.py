@@ -1,4 +1,6 @@
-"""The demo's step times phase by phase: whether a demo's whole-run speedup is the freeze's
+"""Is a demo's whole-run speedup the freeze's or the machine's?
+
+The demo's step times phase by phase: whether a demo's whole-run speedup is the freeze's
 or the machine's.
 
 The demo's two arms take turns every 10 steps, so a machine's slow drift falls on both. An
@@ -11,7 +13,7 @@ Egeria's first freeze, their ratios, the whole-run speedup the demo printed, and
 speedup the arms would have had at the medians of a reference run's post-freeze ratio
 (``--post RATIO``, e.g. 2.21, the Intel VM's quiet runs; default: each run's own).
 
-    .venv/bin/python benchmarks/demo_phases.py FILE.json [FILE.json ...] [--post 2.21]
+    .venv/bin/python benchmarks/studies/demo_phases.py FILE.json [FILE.json ...] [--post 2.21]
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def main() -> None:
     parser.add_argument("files", nargs="+")
     parser.add_argument("--post", type=float, help="post-freeze step ratio to apply (default: each run's own)")
     args = parser.parse_args()
-    print(" ".join([".venv/bin/python", "benchmarks/demo_phases.py", *sys.argv[1:]]))
+    print(" ".join([".venv/bin/python", "benchmarks/studies/demo_phases.py", *sys.argv[1:]]))
     print(f"{'run':60} {'freeze':>6} {'before ms (p/e)':>16} {'after ms (p/e)':>15} {'after x':>7} "
           f"{'printed':>7} {'at ratio':>8} {'finals':>15}")
     for path in args.files:

@@ -1,7 +1,9 @@
-"""What SmartFRZ costs at run time on the benchmark's models: the weights it records and
+"""What does SmartFRZ cost at run time on the benchmark's models?
+
+What SmartFRZ costs at run time on the benchmark's models: the weights it records and
 the time of a sampling step and of a freezing stage (issue 29).
 
-    .venv/bin/python benchmarks/smartfrz_cost.py
+    .venv/bin/python benchmarks/studies/smartfrz_cost.py
 
 For ResNet-20 (``resnet-fmnist``, ``finetune-mnist``) and the 6-block Transformer LM of
 ``transformer-ptb`` (vocabulary 10,000), the policy is bound with the shipped predictor and
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/smartfrz"
 
 

@@ -1,4 +1,6 @@
-"""Reference precision against final accuracy, as the paper's Table 2 (section 6.4).
+"""Does the reference's precision (int8, bf16, fp32) change the final accuracy?
+
+Reference precision against final accuracy, as the paper's Table 2 (section 6.4).
 
 Trains ResNet-20 on a Fashion-MNIST subset with Egeria three times, the reference model
 in int8, bf16 and fp32, from the same seed and batch order, and reports each run's final
@@ -12,7 +14,7 @@ evaluations (tested), a few steps later.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/reference_precision.py     # about 10 min on 2 cores
+    .venv/bin/python benchmarks/studies/reference_precision.py     # about 10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from egeria.bench.harness import classification_loss, train  # noqa: E402
 from egeria.bench.machine import describe_machine  # noqa: E402
 from egeria.models import resnet  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "controller"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "controller"
 SAMPLES, EPOCHS, BATCH = 6400, 8, 128
 
 
@@ -60,11 +62,11 @@ def run(precision: str | None) -> dict:
 
 def main() -> None:
     torch.set_num_threads(2)
-    command = " ".join([".venv/bin/python", "benchmarks/reference_precision.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "benchmarks/studies/reference_precision.py", *sys.argv[1:]])
     print(f"$ {command}")
     machine = describe_machine()
     print(f"machine: {machine['cpu']}, {machine['usable_cores']} usable cores, torch {machine['torch']}")
-    cost_file = Path(__file__).resolve().parent / "results" / "plasticity_cost.json"
+    cost_file = Path(__file__).resolve().parents[1] / "results" / "plasticity_cost.json"
     speed = {}
     if cost_file.exists():
         for entry in json.loads(cost_file.read_text())["results"]:

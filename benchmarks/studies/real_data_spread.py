@@ -1,11 +1,13 @@
-"""The seed-to-seed spread of the real-data test's setup (tests/bench/test_real_data.py):
+"""How far apart do seeds end on the real-data test's setup?
+
+The seed-to-seed spread of the real-data test's setup (tests/bench/test_real_data.py):
 ResNet-8 on 4,000 Fashion-MNIST images for 5 epochs, plain and with Egeria, over seeds.
 
 The test compares one Egeria run with one plain run; its margin must cover how much
 such short runs move when only the seed (initial weights and batch order) changes, which
 is also roughly how much they move between CPUs whose float kernels differ.
 
-    .venv/bin/python benchmarks/real_data_spread.py [--seeds 5]
+    .venv/bin/python benchmarks/studies/real_data_spread.py [--seeds 5]
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "bench"), str(ROOT / "tests" / "helpers")]  # the test and its helpers
 
 from egeria.data import load_fashion_mnist  # noqa: E402
@@ -30,7 +32,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/real_data_spread/spread.json"))
     args = parser.parse_args()
-    command = " ".join([".venv/bin/python", "benchmarks/real_data_spread.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "benchmarks/studies/real_data_spread.py", *sys.argv[1:]])
     print(command)
     machine = describe_machine()
     print(machine)

@@ -1,17 +1,19 @@
-"""One arm of the demo, for accuracy studies of Egeria's settings (not timed against plain):
+"""What does the demo end at under other Egeria settings (one arm, not timed)?
+
+One arm of the demo, for accuracy studies of Egeria's settings (not timed against plain):
 the demo's data, model, schedule and seeded batch order, Egeria under ``EgeriaConfig`` with
 the fields given changed, or plain training.
 
-    .venv/bin/python benchmarks/demo_arm.py SEED egeria horizon=0.001 [FIELD=VALUE ...]
-    .venv/bin/python benchmarks/demo_arm.py SEED plain
-    .venv/bin/python benchmarks/demo_arm.py SEED egeria --history FILE [FIELD=VALUE ...]
+    .venv/bin/python benchmarks/studies/demo_arm.py SEED egeria horizon=0.001 [FIELD=VALUE ...]
+    .venv/bin/python benchmarks/studies/demo_arm.py SEED plain
+    .venv/bin/python benchmarks/studies/demo_arm.py SEED egeria --history FILE [FIELD=VALUE ...]
 
 Prints one JSON line: the seed, the arm, the changed fields, the per-epoch test accuracy,
 the training time, the mean training loss over the last LR phase, Egeria's decisions, and
 how many steps its losses matched those of the committed demo's plain arm of that seed
 (``benchmarks/results/demo/seedS/demo.json``; the two arms match until the first freeze when
 the machine and thread count are the same), with that arm's last-phase loss beside it. ``--history FILE`` also writes the Egeria arm's readings
-(``eg.history``, with the seed and the config) as JSON, for ``benchmarks/reading_floor.py``.
+(``eg.history``, with the seed and the config) as JSON, for ``benchmarks/studies/reading_floor.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str]) -> None:

@@ -1,4 +1,6 @@
-"""The post-hoc oracle: how far each layer module is from where plain training ends, over
+"""How far is each module from where plain training ends, against when Egeria froze it?
+
+The post-hoc oracle: how far each layer module is from where plain training ends, over
 training, against when Egeria froze it (issue 10, item 4; the paper's Figure 1 does the
 same with PWCCA).
 
@@ -10,7 +12,7 @@ module whose distance has stopped falling has reached where it will end; a modul
 while its distance still falls is cut off from its last changes. Egeria runs given with
 ``--egeria`` add their freeze steps and plasticity readings.
 
-    .venv/bin/python benchmarks/oracle.py \\
+    .venv/bin/python benchmarks/studies/oracle.py \\
         benchmarks/results/tta-full/accel/resnet-fmnist/none-seed0.json \\
         --egeria benchmarks/results/tta-full/variants/regimes-max-frozen-5/accel/resnet-fmnist/egeria-cache-seed0.json
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/oracle"
 
 
@@ -103,7 +105,7 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=512, help="test images in the probe (default 512)")
     parser.add_argument("--out", type=Path, default=OUT, help=f"folder for oracle.json and oracle.png (default {OUT.relative_to(ROOT)})")
     args = parser.parse_args()
-    command = " ".join([".venv/bin/python", "benchmarks/oracle.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "benchmarks/studies/oracle.py", *sys.argv[1:]])
     print(command)
     machine = describe_machine()
     print(machine)
