@@ -102,6 +102,9 @@ def _arm(name: str, fields: dict, prepared: Any, settings: Any, seed: int) -> di
     out = {"arm": name, "config": None if config is None else config.to_dict(), **record}
     if extra:
         out.update({k: extra[k] for k in ("modules", "module_params", "eval_interval", "events", "frozen_at_end")})
+        # what held each module back: its stale count, drift still to come and rate at each reading
+        keep = ("step", "module", "stale", "outlook_share", "lr_share", "counted")
+        out["readings"] = [{k: row.get(k) for k in keep} for row in extra.get("history", [])]
     return out
 
 
