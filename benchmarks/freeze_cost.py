@@ -1,4 +1,4 @@
-"""What freezing the front costs in fine-tuning: the final held-out accuracy of ``gpt-ptb-order``
+"""What does freezing the front cost in fine-tuning? The final held-out accuracy of ``gpt-ptb-order``
 (issue 28's suite, d) when the first ``count`` modules of its partition freeze at step
 ``at`` (the ``static`` policy), against plain runs of the same seeds.
 

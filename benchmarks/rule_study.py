@@ -1,4 +1,4 @@
-"""Why modules freeze late or never: the freezing rule's record in benchmark runs.
+"""Why do modules freeze late or never? The freezing rule's record in benchmark runs.
 
 For each run (JSON written by ``egeria bench``) and each layer module it prints when its
 readings started, its tolerance T and the slopes T came from, the most consecutive stale

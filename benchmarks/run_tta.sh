@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time-to-accuracy benchmark (issue 3): every task under every policy, one run after
+# How long does each policy take to each task's target? Every task under every policy, one run after
 # another on the same machine, plus a second seed of plain training for the seed spread.
 # Runs whose JSON already exists are skipped, so the script can be resumed across
 # sessions; then `egeria report` turns the runs into tables and plots.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Full-size time-to-accuracy grid (issue 10) in one layout, then the report over both:
+# How long does each policy take to the target at full size? The time-to-accuracy grid in one layout,
+# then the report over both:
 #
 #   LAYOUT=accel bash benchmarks/run_tta_full.sh   # training on one core, Egeria's controller on the others
 #   LAYOUT=cpu   bash benchmarks/run_tta_full.sh   # training on every core, Egeria inline
