@@ -156,7 +156,12 @@ def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path, arch):
     assert 0.0 <= run["final"]["metric"] <= 1.0 and run["init"]["weights_sha256"]
     report = build_report(load_runs([tmp_path / "runs"]), tmp_path / "report", plots=False)
     assert report["tasks"]["gpt-ptb-order"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
+    # The activation cache through the Trainer's loader: the run itself unchanged.
+    cached = run_trainer_bench("gpt-ptb-order", "none", seed=1, epochs=1, out_dir=tmp_path / "cached", limit=64,
+                               eval_limit=40, records_per_epoch=2, init=tmp_path / "encoder", heap="default", cache=True)
+    assert cached["cache"] is True and cached["cache_stats"]["batches"] == 0  # nothing froze: nothing to serve
+    assert [r["metric"] for r in cached["records"]] == [r["metric"] for r in run["records"]]
     with pytest.raises(SystemExit):
-        main(["gpt-ptb-order", "--cache"])
+        main(["gpt-ptb-order", "--snapshots"])
     with pytest.raises(ValueError, match="scripts/pretrain_ptb_lm.py"):
         run_trainer_bench("gpt-ptb-order", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")
