@@ -70,7 +70,8 @@ a warning that names the folders it tried.
 
 Under ``torchrun`` (DDP) the Trainer hands callbacks the bare model, so the callback takes
 the Trainer's ``DistributedDataParallel`` around it from the attached Trainer
-(``trainer.model_wrapped``, checked to wrap that model) and gives Egeria both: rank 0 decides, every rank applies its moves at the same step,
+(``trainer.model_wrapped``, checked to wrap that model) and gives Egeria both: rank 0
+decides, every rank applies its moves at the same step,
 and the wrapper is rebuilt in place at each freeze and unfreeze so frozen parameters leave
 the all-reduce (see :mod:`egeria.distributed`). Rank 0 writes Egeria's state into the
 checkpoint; on resume rank 0 alone finds and reads it and sends it to the other ranks, so
@@ -95,7 +96,6 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from typing import Any
 
 from torch import nn
@@ -175,7 +175,7 @@ class EgeriaCallback(TrainerCallback):
         self.resume_from = resume_from
         self.log_signals = log_signals
         self._reporters: list[Any] = []
-        self._trainer: weakref.ref | None = None  # the attached Trainer (a weak reference: it holds us)
+        self.trainer: Any = None  # the attached Trainer (EgeriaCallback.attach), or None
         self.egeria_kwargs = egeria_kwargs
         self.egeria: Egeria | None = None
 
@@ -191,7 +191,7 @@ class EgeriaCallback(TrainerCallback):
         handler = getattr(trainer, "callback_handler", None)
         if handler is None or not hasattr(handler, "callbacks"):
             raise ValueError(f"EgeriaCallback.attach needs a transformers Trainer, got {type(trainer).__name__}")
-        attached = None if self._trainer is None else self._trainer()
+        attached = self.trainer
         if attached is not None and attached is not trainer:
             raise ValueError("EgeriaCallback.attach: this callback is attached to another Trainer; make one callback per Trainer")
         if not any(c is self for c in handler.callbacks):
@@ -199,7 +199,7 @@ class EgeriaCallback(TrainerCallback):
         if self.cache_options is not None and attached is None:
             made = trainer.get_train_dataloader  # the Trainer's method, or the user's override of it
             trainer.get_train_dataloader = lambda: self._keyed_loader(trainer, made)
-        self._trainer = weakref.ref(trainer)
+        self.trainer = trainer
         return self
 
     def _keyed_loader(self, trainer: Any, made: Any) -> Any:
@@ -227,11 +227,6 @@ class EgeriaCallback(TrainerCallback):
         base.collate_fn = KeyedCollate(base.collate_fn)
         self._keyed = keyed
         return loader
-
-    @property
-    def trainer(self) -> Any:
-        """The attached Trainer, or None."""
-        return None if self._trainer is None else self._trainer()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Builds Egeria over the Trainer's model and optimizer; on resume, loads its state
@@ -397,7 +392,8 @@ def _go_before_reporters(callback: EgeriaCallback, trainer: Any, args: Any) -> l
     them; returns the reporters. Without a Trainer it warns, where the Trainer reports
     anywhere, that only ``state.log_history`` gets the scalars."""
     if trainer is None:
-        report_to = [r for r in (getattr(args, "report_to", None) or []) if r != "none"]
+        report_to = getattr(args, "report_to", None) or []
+        report_to = [r for r in ([report_to] if isinstance(report_to, str) else report_to) if r != "none"]
         if report_to:
             logger.warning(
                 "Egeria's scalars reach trainer.state.log_history but not the Trainer's reporters %s, which log before "
