@@ -86,8 +86,8 @@ class Seen(transformers.TrainerCallback):
             self.logits.append(output.logits.detach().clone())
 
 
-def train(out, *, cache, collate=padding(LENGTH), steps=STEPS, save_steps=100, resume=None, workers=0):
-    callback = EgeriaCallback(policy=Plan(PLAN), log_signals=False, cache=cache)
+def train(out, *, cache, collate=padding(LENGTH), steps=STEPS, save_steps=100, resume=None, workers=0, plan=PLAN):
+    callback = EgeriaCallback(policy=Plan(plan), log_signals=False, cache=cache)
     seen = Seen()
     args = transformers.TrainingArguments(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, gradient_accumulation_steps=2,
@@ -118,7 +118,8 @@ def test_the_cache_serves_the_frozen_prefix_with_the_trainers_batches_and_output
     eg, cached, weights = train(tmp_path / "cached", cache=always(), workers=workers)
     assert plain_eg.cache_stats == {}
     stats = eg.cache_stats
-    assert stats["served"] >= 8 and stats["chained"] >= 1, stats
+    # step 13's micro-batches are served (level 2 complete after epoch 2), the deeper level is built from it
+    assert stats["served"] >= 2 and stats["chained"] >= 1, stats
     assert stats["served"] + stats["computed"] == stats["batches"] == STEPS * 2 - 2 * 2  # micro-batches after the first freeze
     # The Trainer's shuffling and collation are intact, the keys never reach the model...
     assert len(cached.inputs) == len(plain.inputs) == STEPS * 2
@@ -135,15 +136,17 @@ def test_the_cache_serves_the_frozen_prefix_with_the_trainers_batches_and_output
 
 
 def test_a_resume_from_a_trainer_checkpoint_with_the_cache_ends_as_the_uninterrupted_run(tmp_path):
-    _, whole, expected = train(tmp_path / "whole", cache=always(), save_steps=10)
-    checkpoint = tmp_path / "whole" / "checkpoint-10"
+    plan, at = {2: 2}, 8  # resumed mid-epoch 2 with 2 modules frozen
+    _, whole, expected = train(tmp_path / "whole", cache=always(), save_steps=at, plan=plan)
+    checkpoint = tmp_path / "whole" / f"checkpoint-{at}"
     shutil.copytree(checkpoint, tmp_path / "resumed" / checkpoint.name)
-    eg, resumed, weights = train(tmp_path / "resumed", cache=always(), save_steps=10,
+    eg, resumed, weights = train(tmp_path / "resumed", cache=always(), save_steps=at, plan=plan,
                                  resume=str(tmp_path / "resumed" / checkpoint.name))
-    assert eg.steps == STEPS and eg.frozen == eg.modules[:3]
-    assert eg.cache_stats["served"] > 0, eg.cache_stats  # rebuilt after the resume, then served
-    assert len(resumed.logits) == (STEPS - 10) * 2
-    for got, expected_logits in zip(resumed.logits, whole.logits[10 * 2:]):
+    assert eg.steps == STEPS and eg.frozen == eg.modules[:2]
+    # rebuilt after the resume (the rest of epoch 2 and epoch 3 store every sample), epoch 4 served whole
+    assert eg.cache_stats["served"] >= 12, eg.cache_stats
+    assert len(resumed.logits) == (STEPS - at) * 2
+    for got, expected_logits in zip(resumed.logits, whole.logits[at * 2:]):
         assert torch.equal(got, expected_logits)
     for name, value in expected.items():
         assert torch.equal(weights[name], value), name

@@ -72,9 +72,12 @@ def minilm_classifier(num_labels: int) -> nn.Module:
     from transformers.utils import logging as hf_logging
 
     folder = minilm_folder()
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # the load report lists the new classifier
+    hf_logging.disable_progress_bar()  # and a bar counts the tensors loaded
     try:
         return AutoModelForSequenceClassification.from_pretrained(folder, num_labels=num_labels)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
