@@ -79,7 +79,9 @@ def build_trainer(args: argparse.Namespace, callback: EgeriaCallback):
         disable_tqdm=True,
         seed=0,
     )
-    return Trainer(model=model, args=training, train_dataset=MarkovText(args.vocab), callbacks=[callback])
+    trainer = Trainer(model=model, args=training, train_dataset=MarkovText(args.vocab))
+    callback.attach(trainer)  # adds the callback and hands it the Trainer (its DDP under torchrun)
+    return trainer
 
 
 def main() -> None:

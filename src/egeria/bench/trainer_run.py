@@ -22,9 +22,17 @@ record's ``wall_time_s`` is the time since training began (the Trainer's
 ``on_train_begin``, after Egeria is built) less the evaluations: the Trainer's own work
 between steps (its data loading, logging) is counted, as a user's run pays it. FLOPs are
 counted (:mod:`egeria.bench.flops`) on the first step and the first after each change of
-the frozen set, the forward (the model and its loss) apart from the rest. The activation
-cache is not offered: the Trainer builds its own data loader, which
-:meth:`egeria.Egeria.cache_loader` does not wrap.
+the frozen set, the forward (the model and its loss) apart from the rest. With ``--cache``
+the activation cache serves the frozen prefix through the Trainer's own loader
+(``EgeriaCallback(cache=True)``, attached to the Trainer; :mod:`egeria.integrations.hf`).
+
+The task ``minilm-ptb-order`` (issue 50's suite, f) is the same word-order task on the same
+PTB sentences for a genuinely pretrained encoder: sentence-transformers' all-MiniLM-L6-v2
+(:mod:`egeria.models.pretrained`, the ``pretrained`` extra), the words as text through its
+own WordPiece tokenizer, cut or padded to 48 ids (as (d) cuts to 48 words); the first
+8,000 training sentences, 3 epochs (750 steps), batch 32, the Trainer's AdamW at its default 5e-5 with weight decay 0.01 and a
+linear warm-up over the first 10% of the steps then linear decay to 0 (sentence-transformers'
+recipe); judged on the 7,000 validation and test sentences.
 
 Command line (the flags of ``egeria bench``)::
 
@@ -89,6 +97,25 @@ class TrainerTask:
     batch: int
     learning_rate: float
     init: dict
+    warmup: float = 0.0  # the Trainer's warmup_steps: a share of the run below 1
+    weight_decay: float = 0.0
+
+
+def _accuracy(held_out: torch.utils.data.Dataset) -> Callable[[nn.Module], float]:
+    """The classifier's accuracy on ``held_out`` (items with ``input_ids``, ``attention_mask``
+    and ``labels``)."""
+
+    @torch.no_grad()
+    def accuracy(model: nn.Module) -> float:
+        loader = torch.utils.data.DataLoader(held_out, batch_size=256)
+        correct = total = 0
+        for item in loader:
+            logits = model(input_ids=item["input_ids"], attention_mask=item["attention_mask"]).logits
+            correct += int((logits.argmax(-1) == item["labels"]).sum())
+            total += len(item["labels"])
+        return correct / total
+
+    return accuracy
 
 
 def _gpt_ptb_order(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
@@ -120,23 +147,70 @@ def _gpt_ptb_order(*, seed: int, epochs: int | None, limit: int | None, eval_lim
     finally:
         hf_logging.set_verbosity(verbosity)
 
-    @torch.no_grad()
-    def accuracy(model: nn.Module) -> float:
-        loader = torch.utils.data.DataLoader(held_out, batch_size=256)
-        correct = total = 0
-        for item in loader:
-            logits = model(input_ids=item["input_ids"], attention_mask=item["attention_mask"]).logits
-            correct += int((logits.argmax(-1) == item["labels"]).sum())
-            total += len(item["labels"])
-        return correct / total
-
     return TrainerTask(
-        "gpt-ptb-order", model, train, accuracy, "accuracy", True, epochs or 3, math.ceil(len(train) / batch), batch,
+        "gpt-ptb-order", model, train, _accuracy(held_out), "accuracy", True, epochs or 3, math.ceil(len(train) / batch), batch,
         1e-4, {"path": str(folder), "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()},
     )
 
 
-TRAINER_TASKS: dict[str, Callable[..., TrainerTask]] = {"gpt-ptb-order": _gpt_ptb_order}
+def _ptb_words(corpus: Any) -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
+    """An encoding for :class:`~.word_order.WordOrder` through all-MiniLM-L6-v2's tokenizer:
+    a sentence's PTB words as text (PTB's ``<unk>`` as the tokenizer's ``[UNK]``), cut or
+    padded to ``length`` WordPiece ids, ``[CLS]`` and ``[SEP]`` included."""
+    from ..models.pretrained import minilm_tokenizer
+    from .ptb_sentences import SPECIALS
+
+    tokenizer = minilm_tokenizer()
+    words = [tokenizer.unk_token if w == "<unk>" else w for w in corpus.vocab]
+
+    def encoding(ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        text = " ".join(words[i - len(SPECIALS)] for i in ids.tolist())
+        made = tokenizer(text, max_length=length, truncation=True, padding="max_length", return_tensors="pt")
+        return made["input_ids"][0], made["attention_mask"][0]
+
+    return encoding
+
+
+def _minilm_ptb_order(*, seed: int, epochs: int | None, limit: int | None, eval_limit: int | None,
+                      init: str | Path | None) -> TrainerTask:
+    from ..data import load_ptb
+    from ..models.pretrained import minilm_classifier, minilm_folder, weights_sha256
+    from .ptb_sentences import sentences
+    from .word_order import WordOrder
+
+    if init is not None:
+        raise ValueError(f"minilm-ptb-order fine-tunes the packaged all-MiniLM-L6-v2; --init {init} is not taken")
+    folder = minilm_folder()
+    corpus = load_ptb()
+    encoding = _ptb_words(corpus)
+    length, batch = MINILM_LENGTH, 32
+    train_limit = MINILM_TRAIN if limit is None else limit
+    train = WordOrder(sentences(corpus, "train")[:train_limit], length, encoding=encoding)
+    held_out = WordOrder((sentences(corpus, "valid") + sentences(corpus, "test"))[:eval_limit], length, encoding=encoding)
+    torch.manual_seed(seed)
+    model = minilm_classifier(2)
+    return TrainerTask(
+        "minilm-ptb-order", model, train, _accuracy(held_out), "accuracy", True, epochs or MINILM_EPOCHS,
+        math.ceil(len(train) / batch), batch, 5e-5, {"path": str(folder), "weights_sha256": weights_sha256(folder)},
+        warmup=0.1, weight_decay=0.01,
+    )
+
+
+MINILM_LENGTH = 48
+"""WordPiece ids per sentence in ``minilm-ptb-order`` ([CLS] and [SEP] included; PTB's
+sentences average about 21 words)."""
+MINILM_TRAIN = 8_000
+"""Training sentences of ``minilm-ptb-order`` (the first of PTB's 42,068): sized with
+:data:`MINILM_EPOCHS` for a plain run of 20-40 minutes on the suite's 2-core CPU (about
+100 GFLOP a step: 1.8 to 3.4 s, estimated from (d)'s measured throughput there and from
+a few steps' CPU time under load; the first full runs will tell)."""
+MINILM_EPOCHS = 3
+
+
+TRAINER_TASKS: dict[str, Callable[..., TrainerTask]] = {
+    "gpt-ptb-order": _gpt_ptb_order,
+    "minilm-ptb-order": _minilm_ptb_order,
+}
 
 
 def build_trainer_task(name: str, *, seed: int = 0, epochs: int | None = None, limit: int | None = None,
@@ -166,10 +240,12 @@ def run_trainer_bench(
     overrides: Mapping[str, Any] | None = None,
     command: str | None = None,
     heap: str = "steady",
+    cache: bool = False,
 ) -> dict:
     """Fine-tunes ``task_name`` through the ``Trainer`` under ``policy`` and writes
     ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json`` (and the weights as ``.pt``);
-    the arguments as :func:`egeria.bench.run.run_bench`'s (no cache, no snapshots).
+    the arguments as :func:`egeria.bench.run.run_bench`'s (no snapshots; ``cache`` through
+    ``EgeriaCallback(cache=True)``).
 
     Raises:
         ValueError: an unknown task, policy, layout or heap, a bad ``records_per_epoch``
@@ -185,12 +261,12 @@ def run_trainer_bench(
         steady_heap()
     with pinned(place):
         return _run(task_name, policy, seed=seed, epochs=epochs, out=Path(out_dir) / layout, place=place, limit=limit,
-                    eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init,
+                    eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, cache=cache,
                     overrides={**place.config_overrides(policy), **(overrides or {})}, command=command)
 
 
 def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, records_per_epoch, init, overrides,
-         command) -> dict:
+         command, cache) -> dict:
     import transformers
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -204,7 +280,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         cfg = EgeriaConfig(policy=policy, policy_options=_baseline_options(task.steps_per_epoch, task.epochs)[policy])
     if overrides:
         cfg = cfg.replace(**overrides)
-    egeria_cb = EgeriaCallback(cfg)
+    egeria_cb = EgeriaCallback(cfg, cache=cache)
     total_steps = task.steps_per_epoch * task.epochs
     every = max(1, task.steps_per_epoch // records_per_epoch)
     records: list[dict] = []
@@ -259,11 +335,13 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
     with tempfile.TemporaryDirectory(prefix="egeria-trainer-") as scratch:
         args = TrainingArguments(
             output_dir=scratch, num_train_epochs=task.epochs, per_device_train_batch_size=task.batch,
-            learning_rate=task.learning_rate, seed=seed, data_seed=seed, eval_strategy="no", save_strategy="no",
+            learning_rate=task.learning_rate, warmup_steps=task.warmup, weight_decay=task.weight_decay, seed=seed,
+            data_seed=seed, eval_strategy="no", save_strategy="no",
             logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
         )
         trainer = CountingTrainer(model=task.model, args=args, train_dataset=task.train,
                                   callbacks=[egeria_cb, Recorder()])
+        egeria_cb.attach(trainer)
         trainer.train()
     eg = egeria_cb.egeria
     partition = eg.partition
@@ -285,7 +363,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         "total_steps": total_steps,
         "limit": limit,
         "eval_limit": eval_limit,
-        "cache": False,
+        "cache": cache,
         "heap": heap_state(),
         "trainer": {
             "transformers": transformers.__version__, "learning_rate": args.learning_rate,
@@ -301,7 +379,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         "events": [d.to_dict() for d in eg.events],
         "plasticity": eg.history,
         "controller": eg.controller_stats,
-        "cache_stats": None,
+        "cache_stats": eg.cache_stats if cache else None,
         "final": {
             "metric": records[-1]["metric"],
             "wall_time_s": records[-1]["wall_time_s"],
@@ -371,7 +449,7 @@ class _StepFlops:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m egeria.bench.trainer_run TASK ...``: ``egeria bench``'s flags for a
-    Trainer task (``--cache`` and ``--snapshots`` refused)."""
+    Trainer task (``--snapshots`` refused)."""
     from ..cli import parse_overrides
 
     p = argparse.ArgumentParser(prog="python -m egeria.bench.trainer_run", description=__doc__.splitlines()[0])
@@ -387,17 +465,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records-per-epoch", type=int, default=1)
     p.add_argument("--init", default=None, metavar="FOLDER", help=f"the pretrained encoder (default {DEFAULT_INIT})")
     p.add_argument("--no-progress", action="store_true", help="accepted for egeria bench's sake; nothing is shown")
-    p.add_argument("--cache", action="store_true", help="refused: the Trainer's loader is not cached")
+    p.add_argument("--cache", action="store_true", help="serve the frozen prefix from the activation cache")
     p.add_argument("--heap", choices=HEAPS, default="steady")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides")
     args = p.parse_args(argv)
-    if args.cache:
-        p.error("--cache: the activation cache does not wrap the Trainer's own data loader; run without it")
     command = "python -m egeria.bench.trainer_run " + " ".join(sys.argv[1:] if argv is None else argv)
     result = run_trainer_bench(
         args.task, args.policy, seed=args.seed, epochs=args.epochs, out_dir=args.out, layout=args.layout,
         limit=args.limit, eval_limit=args.eval_limit, records_per_epoch=args.records_per_epoch, init=args.init,
-        overrides=parse_overrides(args.overrides), command=command, heap=args.heap,
+        overrides=parse_overrides(args.overrides), command=command, heap=args.heap, cache=args.cache,
     )
     final = result["final"]
     print(f"{args.task} / {args.policy} / seed {args.seed} / {args.layout}: {result['metric']['name']} "

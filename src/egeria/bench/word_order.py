@@ -1,5 +1,6 @@
 """Word order on Penn Treebank: is this sentence as written, or were its words shuffled?
-The fine-tuning task of issue 28's suite (``gpt-ptb-order``).
+The fine-tuning task of issue 28's suite (``gpt-ptb-order``) and, tokenized for the pretrained
+all-MiniLM-L6-v2, of issue 50's (``minilm-ptb-order``).
 
 Why this task: it is built from real text alone (PTB sentences, no labels to invent), it is
 balanced, and it cannot be solved from the words present (both classes hold the same
@@ -30,7 +31,7 @@ followed as well.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -51,6 +52,9 @@ class WordOrder(Dataset):
         sentences: word-id tensors (:func:`egeria.bench.ptb_sentences.sentences`).
         length: the encoding's length, ``[CLS]`` and ``[SEP]`` included.
         data_seed: seeds the labels and the orders (:data:`DATA_SEED` by default).
+        encoding: ``encoding(words, length) -> (input_ids, attention_mask)`` of a sentence
+            (its PTB word ids, as written or shuffled): :func:`~egeria.bench.ptb_sentences.encode`
+            by default, the suite's own vocabulary; another model's tokenizer for task (f).
 
     Attributes:
         orders: per kept sentence, the permutation applied to its words (None: as written).
@@ -60,7 +64,8 @@ class WordOrder(Dataset):
             words within it.
     """
 
-    def __init__(self, sentences: Sequence[torch.Tensor], length: int, data_seed: int = DATA_SEED) -> None:
+    def __init__(self, sentences: Sequence[torch.Tensor], length: int, data_seed: int = DATA_SEED,
+                 encoding: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = encode) -> None:
         if isinstance(length, bool) or not isinstance(length, int) or length < 4:
             raise ValueError(f"WordOrder needs length >= 4 ([CLS], two words, [SEP]), got length={length!r}")
         kept = [s[: length - 2] for s in sentences if len(torch.unique(s[: length - 2])) > 1]
@@ -79,7 +84,7 @@ class WordOrder(Dataset):
                 while torch.equal(words[order], words):  # ends: the sentence has two different words
                     order = torch.randperm(len(words), generator=g)
                 words = words[order]
-            ids[i], masks[i] = encode(words, length)
+            ids[i], masks[i] = encoding(words, length)
             self.orders.append(order)
         self.input_ids, self.attention_mask, self.labels = ids, masks, labels
 

@@ -26,6 +26,22 @@ __all__ = ["CacheLoading", "attach_loader"]
 logger = logging.getLogger(__name__)
 
 
+def _check_options(memory_limit: int, disk_limit: int, prefetch: int, serve: str, storage_dtype: torch.dtype | None) -> None:
+    for name, value in (("memory_limit", memory_limit), ("disk_limit", disk_limit), ("prefetch", prefetch)):
+        check_int(value, f"cache_loader {name}", minimum=0)
+    if serve not in ("auto", "always"):
+        raise ValueError(f"cache_loader(serve={serve!r}): use 'auto' or 'always'")
+    if storage_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"cache_loader(storage_dtype={storage_dtype!r}): use None, torch.bfloat16 or torch.float16")
+
+
+def _new_cache(rows: int, frozen: int, own: OwnPasses, **options: Any) -> ActivationCache:
+    """An :class:`ActivationCache` of ``rows`` sample keys told the frozen count."""
+    cache = ActivationCache(rows=rows, internal=own.is_active, eval_forward=own.eval_forward, **options)
+    cache.set_frozen(frozen)
+    return cache
+
+
 def attach_loader(
     loader: Any,
     cache: ActivationCache | None,
@@ -52,12 +68,7 @@ def attach_loader(
         ValueError: a bad option, a loader that cannot be wrapped, or a second loader
             with another number of samples.
     """
-    for name, value in (("memory_limit", memory_limit), ("disk_limit", disk_limit), ("prefetch", prefetch)):
-        check_int(value, f"cache_loader {name}", minimum=0)
-    if serve not in ("auto", "always"):
-        raise ValueError(f"cache_loader(serve={serve!r}): use 'auto' or 'always'")
-    if storage_dtype not in (None, torch.bfloat16, torch.float16):
-        raise ValueError(f"cache_loader(storage_dtype={storage_dtype!r}): use None, torch.bfloat16 or torch.float16")
+    _check_options(memory_limit, disk_limit, prefetch, serve, storage_dtype)
     dataset = getattr(loader, "dataset", None)
     reason = None if dataset is None else random_reason(dataset)
     if reason is not None:
@@ -71,21 +82,10 @@ def attach_loader(
             "wrap one training loader"
         )
     if cache is None:
-        cache = ActivationCache(
-            model,
-            partition,
-            rows,
-            memory_limit=memory_limit,
-            disk_limit=disk_limit,
-            directory=directory,
-            storage_dtype=storage_dtype,
-            prefetch=prefetch,
-            serve=serve,
-            internal=own.is_active,
-            eval_forward=own.eval_forward,
-            agree=agree,
+        cache = _new_cache(
+            rows, frozen, own, model=model, partition=partition, memory_limit=memory_limit, disk_limit=disk_limit,
+            directory=directory, storage_dtype=storage_dtype, prefetch=prefetch, serve=serve, agree=agree,
         )
-        cache.set_frozen(frozen)
     wrapped.on_epoch, wrapped.on_batch = cache.on_epoch, cache.on_batch
     return wrapped, cache
 
@@ -150,11 +150,7 @@ class CacheLoading:
         training forward pass), and then the FSDP2 units wholly inside the frozen prefix are
         not gathered.
         """
-        if self._compiled:
-            raise ValueError(
-                "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
-                "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
-            )
+        self._check_cacheable()
         # Under FSDP2 a batch is served only where every rank serves it: its frozen units'
         # all-gathers are then skipped on every rank at once.
         ranks = self._fsdp2_ranks
@@ -174,3 +170,49 @@ class CacheLoading:
             agree=None if ranks is None else lambda flag: ranks.all_true(flag, "a training forward pass"),
         )
         return wrapped
+
+    def cache_keyed_batches(
+        self,
+        rows: int,
+        *,
+        memory_limit: int = 2 * 2**30,
+        disk_limit: int = 16 * 2**30,
+        directory: str | None = None,
+        storage_dtype: torch.dtype | None = None,
+        serve: str = "auto",
+    ) -> None:
+        """Caches frozen modules' outputs for training batches that carry their own sample
+        keys (:mod:`egeria.cache.batchkeys`): the Hugging Face ``Trainer``'s, whose loader
+        :class:`egeria.integrations.hf.EgeriaCallback` makes so. The options are
+        :meth:`cache_loader`'s; nothing is read ahead (``prefetch`` 0).
+
+        Args:
+            rows: the number of sample keys (the dataset's items times its augmentation
+                variants; :attr:`egeria.cache.batchkeys.KeyedItems.rows`).
+
+        Raises:
+            ValueError: for a bad limit, dtype or count, a second cache, a model under
+                ``torch.compile``, or FSDP2 with several ranks (not supported here).
+        """
+        self._check_cacheable()
+        check_int(rows, "cache_keyed_batches rows")
+        if self._cache is not None:
+            raise ValueError("cache_keyed_batches: this Egeria caches activations already; cache one training loader")
+        if self._fsdp2_ranks is not None:
+            raise ValueError(
+                "cache_keyed_batches does not support FSDP2 with several ranks (the ranks would have to agree on "
+                "each batch); train without the cache there"
+            )
+        _check_options(memory_limit, disk_limit, 0, serve, storage_dtype)
+        self._cache = _new_cache(
+            rows, 0 if self._prefix is None else self._prefix.count, self._own, model=self.model,
+            partition=lambda: self._layers.partition, memory_limit=memory_limit, disk_limit=disk_limit,
+            directory=directory, storage_dtype=storage_dtype, prefetch=0, serve=serve, keys_in_batch=True,
+        )
+
+    def _check_cacheable(self) -> None:
+        if self._compiled:
+            raise ValueError(
+                "the activation cache skips the frozen blocks by swapping their forward, which a torch.compile "
+                "graph does not see; use cache_loader with an uncompiled model (or compile without the cache)"
+            )

@@ -49,6 +49,7 @@ from ..hooks import mark
 from ..knowledge.device import HostCopy, Stopwatch, to_device, wait_for
 from ..partition import Partition
 from ..wrappers import fsdp2_units
+from .batchkeys import KEYS
 from .prefetch import Prefetcher
 from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
 from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table, disk_folder
@@ -75,6 +76,7 @@ class _Level:
         self.compute_s: list[float] = []  # forward passes with the whole prefix computed
         self.serve_s: list[float] = []  # forward passes served from the cache
         self.off: str | None = None  # why this level caches nothing
+        self.inputs: list[tuple[int, ...]] | None = None  # per-sample shapes of the model's inputs
         self.handle: Any = None
         self._units: list[nn.Module] | None = None
 
@@ -130,6 +132,10 @@ class ActivationCache:
             every rank serves it, and then the FSDP2 units wholly inside the frozen prefix
             are not gathered (their all-gathers are skipped on every rank at once). None:
             each rank decides alone.
+        keys_in_batch: each training batch carries its sample keys as the model's keyword
+            argument :data:`~.batchkeys.KEYS` (:mod:`egeria.cache.batchkeys`), which a
+            forward pre-hook run before any other takes out; no loader calls
+            :meth:`on_batch`, and nothing is read ahead (the epoch's order is not known).
     """
 
     def __init__(
@@ -147,6 +153,7 @@ class ActivationCache:
         internal: Callable[[], bool],
         eval_forward: Callable[[], ContextManager[None]],
         agree: Callable[[bool], bool] | None = None,
+        keys_in_batch: bool = False,
     ) -> None:
         self.model = model
         self._agree = agree
@@ -180,6 +187,8 @@ class ActivationCache:
             mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)),
             mark(model.register_forward_hook(self._on_forward_end, always_call=True)),
         ]
+        if keys_in_batch:  # before every other pre-hook: none of them, nor the model, sees the keys
+            self._handles.append(mark(model.register_forward_pre_hook(self._take_keys, with_kwargs=True, prepend=True)))
 
     # -- what the loader and the engine tell it ---------------------------------------
 
@@ -203,6 +212,15 @@ class ActivationCache:
         self.frozen = frozen
 
     # -- hooks -----------------------------------------------------------------------
+
+    def _take_keys(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Takes a batch's sample keys out of the model's keyword arguments (``keys_in_batch``)."""
+        if KEYS not in kwargs:
+            return None
+        kwargs = dict(kwargs)
+        keys = kwargs.pop(KEYS)
+        self.on_batch(-1, keys.tolist())
+        return args, kwargs
 
     def _on_forward_start(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not self._self_forward:
@@ -228,6 +246,8 @@ class ActivationCache:
         if not first or first[0].dim() == 0 or first[0].shape[0] != batch:
             self._turn_off(f"the batch's first input does not have the {batch} samples of its keys in dimension 0")
             return
+        if not self._same_sample_shapes(level, first):
+            return
         self.stats["batches"] += 1
         started = Stopwatch(_device(self.model))
         if level.has(keys) and level.serving is not False:
@@ -250,6 +270,22 @@ class ActivationCache:
             self._timing = (level, "compute", started)
         self._capture_specs(level, batch)
 
+    def _same_sample_shapes(self, level: _Level, inputs: list[torch.Tensor]) -> bool:
+        """Whether the batch's inputs have the per-sample shapes of the level's first batch
+        (a cached row has one shape); if not, the level is turned off, with a warning."""
+        shapes = [tuple(t.shape[1:]) for t in inputs]
+        if level.inputs is None:
+            level.inputs = shapes
+        if shapes == level.inputs:
+            return True
+        level.off = (
+            f"a sample's inputs changed shape, from {level.inputs} to {shapes} (batches padded to their own longest "
+            "sample?): a cached row has one shape; pad every batch to one length"
+        )
+        logger.warning("Egeria: activation cache off for %s: %s", level.boundary, level.off)
+        level.close()
+        return False
+
     def _start_agreed(self, keys: list[int], args: tuple, kwargs: dict) -> None:
         """A training forward pass under FSDP2 with several ranks: served only where every
         rank has the batch's rows (and, the first time, every rank finds the model a chain
@@ -262,7 +298,7 @@ class ActivationCache:
             first = leaves((args, kwargs))
             if not first or first[0].dim() == 0 or first[0].shape[0] != len(keys):
                 self._turn_off(f"the batch's first input does not have the {len(keys)} samples of its keys in dimension 0")
-            else:
+            elif self._same_sample_shapes(level, first):
                 self.stats["batches"] += 1
                 if level.has(keys) and level.serving is not False:
                     output = self._cached(level, keys, args, kwargs, check=False)

@@ -5,10 +5,19 @@ Usage::
     from egeria import EgeriaConfig
     from egeria.integrations.hf import EgeriaCallback
 
-    callback = EgeriaCallback(config=EgeriaConfig())
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    callback = EgeriaCallback(config=EgeriaConfig()).attach(trainer)   # the one added line
     trainer.train()                      # or trainer.train(resume_from_checkpoint=True)
     print(callback.egeria.events)        # what froze when
+
+:meth:`EgeriaCallback.attach` adds the callback to the Trainer (unless it is in its
+``callbacks`` already) and hands it the Trainer: the callback takes from it what the
+events do not carry, the Trainer's callback list (to go ahead of its reporters), its
+``DistributedDataParallel`` under ``torchrun`` and, with ``EgeriaCallback(cache=True)``,
+its training data loader (see "The activation cache" below). A callback only passed in
+``Trainer(callbacks=[...])`` and never attached still freezes in one process; its scalars
+then reach ``trainer.state.log_history`` but not the reporters (a warning says so), and
+under ``torchrun`` or with the cache it raises an error that names ``attach``.
 
 Where the Trainer's events fire and what the callback does there::
 
@@ -31,9 +40,24 @@ each module's latest plasticity, readings sent/answered/dropped/late, Egeria's s
 step time; names under ``egeria/``) to the training logs, so every reporter of
 ``report_to`` (TensorBoard, W&B, MLflow, ...) and ``trainer.state.log_history`` get them;
 each decision goes to TensorBoard as a text event when it reports there. The reporters
-run in the order of the Trainer's callbacks, before a user's, so the callback moves itself
-ahead of them when training begins. ``EgeriaCallback(log_signals=False)`` leaves the logs
+run in the order of the Trainer's callbacks, before a user's, so an attached callback moves
+itself ahead of them when training begins. ``EgeriaCallback(log_signals=False)`` leaves the logs
 alone.
+
+The activation cache: ``EgeriaCallback(cache=True)`` (or a dict of
+:meth:`egeria.Egeria.cache_keyed_batches` options: ``memory_limit``, ``disk_limit``,
+``directory``, ``storage_dtype``, ``serve``), attached to the Trainer, skips the frozen
+prefix's forward pass as ``eg.cache_loader`` does in a plain loop: each sample's output at
+the prefix's end is stored the first time it is computed and served after
+(:mod:`egeria.cache`). ``attach`` wraps the Trainer's ``get_train_dataloader`` (its own or a
+subclass's): the Trainer builds its loader as always (its sampler and shuffling, its
+``data_collator``) over the training data whose items carry their sample keys, and the
+collate function adds the keys to each batch; a hook run before any other takes them out
+before the model sees the batch (:mod:`egeria.cache.batchkeys`). The items must be dicts
+(the Trainer's ``model(**batch)``) of one shape per sample: pad every batch to one length
+(a collator that pads to each batch's longest turns the cache off with a warning). Data
+that is not map-style, or whose items are random, is trained without the cache, with a
+warning. Cached outputs are not saved in checkpoints: a resumed run rebuilds them.
 
 Steps are counted from the optimizer, so they match ``state.global_step`` (less the steps
 a ``GradScaler`` skipped under fp16). The loss Egeria reads is the mean ``loss`` of the
@@ -44,9 +68,10 @@ this order, in ``EgeriaCallback(resume_from=...)``, ``args.resume_from_checkpoin
 first whose saved step is the resumed ``global_step``; with none, Egeria starts afresh with
 a warning that names the folders it tried.
 
-Under ``torchrun`` (DDP) the Trainer hands callbacks the bare model, so the callback looks
-up the Trainer's ``DistributedDataParallel`` around it (the one whose ``.module`` is that
-model) and gives Egeria both: rank 0 decides, every rank applies its moves at the same step,
+Under ``torchrun`` (DDP) the Trainer hands callbacks the bare model, so the callback takes
+the Trainer's ``DistributedDataParallel`` around it from the attached Trainer
+(``trainer.model_wrapped``, checked to wrap that model) and gives Egeria both: rank 0
+decides, every rank applies its moves at the same step,
 and the wrapper is rebuilt in place at each freeze and unfreeze so frozen parameters leave
 the all-reduce (see :mod:`egeria.distributed`). Rank 0 writes Egeria's state into the
 checkpoint; on resume rank 0 alone finds and reads it and sends it to the other ranks, so
@@ -69,15 +94,15 @@ one process).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
-import warnings
 from typing import Any
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..cache.batchkeys import KeyedCollate, KeyedItems, keyed_items_reason
+from ..cache.datasets import random_reason
 from ..checkpoint.saved_state import without_policy_state
 from ..checkpoint.serialization import STATE_FILE as _EGERIA_FILE
 from ..checkpoint.serialization import read_state, saved_steps, write_state
@@ -101,6 +126,8 @@ STATE_FILE = _EGERIA_FILE  # egeria.json, beside egeria-<id>.pt (Egeria.save)
 # Egeria arguments the callback passes itself, taken from the Trainer.
 _FROM_TRAINER = ("model", "optimizer", "lr_scheduler", "total_steps", "example_inputs")
 _ALLOWED = ("unfreeze_rule", "policy", "on_change")
+# EgeriaCallback(cache={...}): the options of Egeria.cache_keyed_batches.
+_CACHE_OPTIONS = ("memory_limit", "disk_limit", "directory", "storage_dtype", "serve")
 
 
 class EgeriaCallback(TrainerCallback):
@@ -126,7 +153,7 @@ class EgeriaCallback(TrainerCallback):
     """
 
     def __init__(self, config: EgeriaConfig | None = None, *, resume_from: str | os.PathLike[str] | None = None,
-                 log_signals: bool = True, **egeria_kwargs: Any) -> None:
+                 log_signals: bool = True, cache: bool | dict = False, **egeria_kwargs: Any) -> None:
         if config is not None and not isinstance(config, EgeriaConfig):
             raise ValueError(f"EgeriaCallback(config=...) must be an EgeriaConfig, got {type(config).__name__}")
         supplied = sorted(k for k in egeria_kwargs if k in _FROM_TRAINER)
@@ -137,23 +164,86 @@ class EgeriaCallback(TrainerCallback):
             raise ValueError(f"EgeriaCallback got unknown arguments {unknown}; it accepts config and {list(_ALLOWED)}")
         if not isinstance(log_signals, bool):
             raise ValueError(f"EgeriaCallback(log_signals=...) must be True or False, got {log_signals!r}")
+        if not isinstance(cache, (bool, dict)):
+            raise ValueError(f"EgeriaCallback(cache=...) must be True, False or a dict of cache options, got {cache!r}")
+        odd = sorted(set(cache) - set(_CACHE_OPTIONS)) if isinstance(cache, dict) else []
+        if odd:
+            raise ValueError(f"EgeriaCallback(cache=...) got unknown cache options {odd}; it accepts {list(_CACHE_OPTIONS)}")
+        self.cache_options: dict | None = (dict(cache) if isinstance(cache, dict) else {}) if cache is not False else None
+        self._keyed: KeyedItems | None = None  # the training data of the loader the Trainer made last
         self.config = config
         self.resume_from = resume_from
         self.log_signals = log_signals
         self._reporters: list[Any] = []
+        self.trainer: Any = None  # the attached Trainer (EgeriaCallback.attach), or None
         self.egeria_kwargs = egeria_kwargs
         self.egeria: Egeria | None = None
+
+    def attach(self, trainer: Any) -> EgeriaCallback:
+        """Hands the callback its ``Trainer`` and adds it to the Trainer's callbacks unless
+        it is there already; returns the callback. Call it once per Trainer, before
+        ``trainer.train()``.
+
+        Raises:
+            ValueError: ``trainer`` is not a Hugging Face ``Trainer`` (it has no callback
+                handler), or another Trainer was attached before.
+        """
+        handler = getattr(trainer, "callback_handler", None)
+        if handler is None or not hasattr(handler, "callbacks"):
+            raise ValueError(f"EgeriaCallback.attach needs a transformers Trainer, got {type(trainer).__name__}")
+        attached = self.trainer
+        if attached is not None and attached is not trainer:
+            raise ValueError("EgeriaCallback.attach: this callback is attached to another Trainer; make one callback per Trainer")
+        if not any(c is self for c in handler.callbacks):
+            trainer.add_callback(self)
+        if self.cache_options is not None and attached is None:
+            made = trainer.get_train_dataloader  # the Trainer's method, or the user's override of it
+            trainer.get_train_dataloader = lambda: self._keyed_loader(trainer, made)
+        self.trainer = trainer
+        return self
+
+    def _keyed_loader(self, trainer: Any, made: Any) -> Any:
+        """The Trainer's training loader, made by ``made`` over the training data whose
+        items carry their cache keys, its collate function adding them to each batch
+        (:mod:`egeria.cache.batchkeys`): the sampler, its shuffling and the collation are
+        the Trainer's own. Where the data cannot be keyed (or its items are random), the
+        loader as the Trainer makes it, with a warning."""
+        dataset = trainer.train_dataset
+        self._keyed = None
+        reason = keyed_items_reason(dataset) or random_reason(dataset)
+        if reason is not None:
+            logger.warning("Egeria: not caching activations: %s", reason)
+            return made()
+        keyed = KeyedItems(dataset)
+        trainer.train_dataset = keyed  # only while the Trainer builds its loader over it
+        try:
+            loader = made()
+        finally:
+            trainer.train_dataset = dataset
+        base = getattr(loader, "base_dataloader", loader)  # accelerate's DataLoaderShard holds a DataLoader
+        if not callable(getattr(base, "collate_fn", None)):
+            logger.warning("Egeria: not caching activations: the Trainer's loader (%s) has no collate_fn", type(loader).__name__)
+            return loader
+        base.collate_fn = KeyedCollate(base.collate_fn)
+        self._keyed = keyed
+        return loader
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Builds Egeria over the Trainer's model and optimizer; on resume, loads its state
         (the Trainer has restored the model, optimizer and scheduler by now)."""
         _check_parallelism(args)
+        trainer = self.trainer
+        if self.cache_options is not None and trainer is None:
+            raise ValueError(
+                "EgeriaCallback(cache=...) caches through the Trainer's training loader, which callbacks are not "
+                "handed: call EgeriaCallback.attach(trainer) before train()"
+            )
         if self.egeria is not None:  # an earlier train() call
             self.egeria.close()
         model = kwargs["model"]
-        # Under FSDP2 the model is sharded in place (no wrapper); under DDP the Trainer's wrapper is found.
+        # Under FSDP2 the model is sharded in place (no wrapper); under DDP the Trainer's wrapper is taken.
         distributed = getattr(args, "world_size", 1) > 1 and not fsdp2_in(model)
-        trained = _trainer_ddp(model) if distributed else model
+        trained = _trainer_ddp(trainer, model) if distributed else model
         self.egeria = Egeria(
             trained,
             kwargs["optimizer"],  # Egeria finds the torch optimizer inside accelerate's wrapper
@@ -165,8 +255,10 @@ class EgeriaCallback(TrainerCallback):
         )
         if state.global_step > 0:
             self._resume(args, state)
+        if self._keyed is not None:  # a loader made by _keyed_loader for this train() call
+            self.egeria.cache_keyed_batches(self._keyed.rows, **self.cache_options)
         if self.log_signals:
-            self._reporters = _go_before_reporters(self)
+            self._reporters = _go_before_reporters(self, trainer, args)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """After each optimizer step (and the scheduler's): Egeria's step boundary."""
@@ -294,23 +386,25 @@ def _fsdp_version(args: Any) -> int | None:
     return int(config.get("version", 2))
 
 
-def _go_before_reporters(callback: EgeriaCallback) -> list[Any]:
-    """Moves ``callback`` ahead of the Trainer's reporting callbacks (TensorBoard, W&B,
-    ...) in the Trainer's callback list, so that the scalars it adds in ``on_log`` reach
-    them; returns the reporters. A callback is not handed the Trainer, so its callback
-    handler is found among live objects, once per ``train()``."""
+def _go_before_reporters(callback: EgeriaCallback, trainer: Any, args: Any) -> list[Any]:
+    """Moves ``callback`` ahead of the reporting callbacks (TensorBoard, W&B, ...) in the
+    attached ``trainer``'s callback list, so that the scalars it adds in ``on_log`` reach
+    them; returns the reporters. Without a Trainer it warns, where the Trainer reports
+    anywhere, that only ``state.log_history`` gets the scalars."""
+    if trainer is None:
+        report_to = getattr(args, "report_to", None) or []
+        report_to = [r for r in ([report_to] if isinstance(report_to, str) else report_to) if r != "none"]
+        if report_to:
+            logger.warning(
+                "Egeria's scalars reach trainer.state.log_history but not the Trainer's reporters %s, which log before "
+                "this callback: call EgeriaCallback.attach(trainer) before train() (or pass log_signals=False)",
+                report_to,
+            )
+        return []
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-    from transformers.trainer_callback import CallbackHandler
 
     kinds = tuple(INTEGRATION_TO_CALLBACK.values())
-    with warnings.catch_warnings():  # isinstance on some live objects (torch's deprecated aliases) warns
-        warnings.simplefilter("ignore")
-        # type(o), not isinstance: isinstance asks a weakref proxy's dead referent and raises
-        handlers = [o for o in gc.get_objects() if issubclass(type(o), CallbackHandler) and callback in o.callbacks]
-    if len(handlers) != 1:
-        logger.warning("Egeria's scalars are not logged: found %d Trainers holding its callback, not one", len(handlers))
-        return []
-    callbacks = handlers[0].callbacks
+    callbacks = trainer.callback_handler.callbacks
     reporters = [c for c in callbacks if isinstance(c, kinds)]
     first = next((i for i, c in enumerate(callbacks) if isinstance(c, kinds)), None)
     mine = next(i for i, c in enumerate(callbacks) if c is callback)
@@ -319,22 +413,27 @@ def _go_before_reporters(callback: EgeriaCallback) -> list[Any]:
     return reporters
 
 
-def _trainer_ddp(model: nn.Module) -> nn.Module:
-    """The Trainer's ``DistributedDataParallel`` around ``model``. A callback is handed only
-    the bare model, so the wrapper is found among live objects, once per ``train()``.
+def _trainer_ddp(trainer: Any, model: nn.Module) -> nn.Module:
+    """The attached ``trainer``'s ``DistributedDataParallel`` around ``model`` (a callback
+    is handed only the bare model).
 
     Raises:
-        NotImplementedError: no DDP, or several, wrap the model.
+        NotImplementedError: no Trainer attached, or its wrapped model is not a DDP around
+            ``model``.
     """
-    # type(o), not isinstance: isinstance asks a weakref proxy's dead referent and raises
-    # ReferenceError (FSDP1 leaves such proxies among live objects)
-    found = [o for o in gc.get_objects() if issubclass(type(o), DistributedDataParallel) and o.module is model]
-    if len(found) != 1:
+    if trainer is None:
+        raise NotImplementedError(
+            "EgeriaCallback under several processes needs the Trainer's DistributedDataParallel, which callbacks are "
+            "not handed: call EgeriaCallback.attach(trainer) before train()"
+        )
+    wrapped = getattr(trainer, "model_wrapped", None)
+    if not isinstance(wrapped, DistributedDataParallel) or wrapped.module is not model:
         raise NotImplementedError(
             f"EgeriaCallback under several processes needs the Trainer's DistributedDataParallel around the model; "
-            f"found {len(found)}: train with torchrun's DDP (no FSDP, DeepSpeed or other wrapper)"
+            f"the Trainer wraps it in {type(wrapped).__name__}: train with torchrun's DDP (no FSDP1, DeepSpeed or "
+            "other wrapper)"
         )
-    return found[0]
+    return wrapped
 
 
 def _checkpoint_dir(args: Any, state: Any) -> str:
