@@ -42,6 +42,8 @@ optimizer step. The schedule itself is read at the first request that can be ans
 
 from __future__ import annotations
 
+import bisect
+
 import copy
 import inspect
 import logging
@@ -93,7 +95,7 @@ class LRSchedule:
         self._peak = float(values.max())  # read at every evaluation: kept
         self.start = start
         self.reconstructed = reconstructed
-        self._jumps: list[int] | None = None  # the steps last_jump() finds, once asked
+        self._jumps: dict[float, list[int]] = {}  # jumps() per factor, once asked
 
     @property
     def lrs(self) -> torch.Tensor:
@@ -134,24 +136,26 @@ class LRSchedule:
         b = self.total_steps if end is None else min(max(int(end), a), self.total_steps)
         return float(self._cumulative[b] - self._cumulative[a])
 
-    def last_jump(self, step: int, factor: float) -> int:
-        """The latest step at or before ``step`` whose learning rate differs ``factor``x or
-        more from the step before it and holds for the step after (a step schedule's drop, a
-        restart), -1 if none: the steps since then share one *regime*. A continuous decay
-        never jumps, however far it falls between two readings; nor do the last steps of a
-        decay to 0, which halve from one step to the next but hold no rate."""
-        if self._jumps is None:
+    def jumps(self, factor: float) -> list[int]:
+        """The steps whose learning rate differs ``factor``x or more from the step before it
+        and holds for the step after (a step schedule's drops, a restart), in order: between
+        two of them the steps share one *regime*. A continuous decay never jumps, however far
+        it falls between two readings; nor do the last steps of a decay to 0, which halve
+        from one step to the next but hold no rate."""
+        if factor not in self._jumps:
             before, after = self._lrs[:-1], self._lrs[1:]
             high, low = torch.maximum(before, after), torch.minimum(before, after)
             changed = (high > 0) & (high >= factor * low)  # changed[k]: step k + 1 differs from step k
             held = torch.cat([~changed[1:], changed.new_zeros(1)])  # and step k + 2 keeps step k + 1's rate
-            self._jumps = (torch.nonzero(changed & held).reshape(-1) + 1).tolist()
-        last = -1
-        for jump in self._jumps:
-            if jump > step:
-                break
-            last = jump
-        return last
+            self._jumps[factor] = (torch.nonzero(changed & held).reshape(-1) + 1).tolist()
+        return list(self._jumps[factor])
+
+    def last_jump(self, step: int, factor: float) -> int:
+        """The latest of :meth:`jumps` at or before ``step``, -1 if none: the start of the
+        regime ``step`` trains in."""
+        jumps = self.jumps(factor)
+        at = bisect.bisect_right(jumps, step)
+        return jumps[at - 1] if at else -1
 
     def mass_ahead(self, step: int) -> float:
         """The share of the run's learning-rate mass in steps ``step`` and after: 1.0 at

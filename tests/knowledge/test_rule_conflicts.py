@@ -38,6 +38,7 @@ def test_a_step_schedule_jumps_at_its_drops_and_a_continuous_decay_only_in_its_l
     steps = 800
     step = _schedule(lambda opt: lrs.MultiStepLR(opt, milestones=[400, 600], gamma=0.1), steps)
     assert [step.last_jump(s, REGIME_CHANGE) for s in (0, 399, 400, 599, 600, 799)] == [-1, -1, 400, 400, 600, 600]
+    assert step.jumps(REGIME_CHANGE) == [400, 600] and step.jumps(20.0) == []  # each factor its own
     cosine = _schedule(lambda opt: _warmup_cosine(opt, 700, 50), 700)
     lrs_ = cosine.lrs
     assert lrs_[650] / lrs_[690] > REGIME_CHANGE  # halved, and more, between two readings n=20 apart

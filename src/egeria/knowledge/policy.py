@@ -35,6 +35,7 @@ from ..config import (
 )
 from ..decision import Decision
 from ..hooks import mark
+from ..lr_schedule import LRSchedule
 from ..nested import first_tensor, leaves, map_tensors
 from ..policies.base import Binding, Move, StepInfo
 from . import device
@@ -288,19 +289,28 @@ class KnowledgeGuided:
                            f"floor_ratio={self.config.floor_ratio:g}")
         return blocked
 
-    def _steps_under_bound(self) -> int | None:
-        """How many of the run's last steps train at a learning rate at most the rule's
-        bound (``speed``): where a module still learning may freeze (None: no schedule
-        known, or no bound)."""
+    def _under_bound(self) -> tuple[LRSchedule, list[bool]] | None:
+        """The schedule and, for each of its steps, whether its learning rate is at most the
+        rule's bound (``speed``): where a module still learning may freeze (None: no
+        schedule known, or no bound)."""
         assert self._binding is not None
         schedule, low = self._binding.lr_schedule(), self.rule_settings.low_lr
         if schedule is None or low is None:
             return None
-        lrs = schedule.lrs.tolist()
-        first = len(lrs)
-        while first > 0 and at_most(lrs[first - 1] / schedule.peak, low):
-            first -= 1
-        return len(lrs) - first
+        return schedule, [at_most(lr / schedule.peak, low) for lr in schedule.lrs.tolist()]
+
+    def _steps_under_bound(self) -> int | None:
+        """How many of the run's last steps train at or under the rule's bound (None: no
+        schedule known, or no bound)."""
+        known = self._under_bound()
+        if known is None:
+            return None
+        count = 0
+        for under in reversed(known[1]):
+            if not under:
+                break
+            count += 1
+        return count
 
     def _room(self) -> int | None:
         """The longest n that leaves a module still learning the readings it needs in some
@@ -308,20 +318,13 @@ class KnowledgeGuided:
         readings in the regime (one straddles the jump, W + 1 make W slopes) and one at a
         rate at or under the bound. None: no regime comes down to the bound, or no schedule
         or bound is known."""
-        if not self._horizon_on():
+        known = self._under_bound() if self._horizon_on() else None
+        if known is None:
             return None
-        assert self._binding is not None
-        schedule, low = self._binding.lr_schedule(), self.rule_settings.low_lr
-        if schedule is None or low is None:
-            return None
-        lrs = schedule.lrs.tolist()
-        ends, rooms = [len(lrs)], []
-        while ends[0] > 0:
-            ends.insert(0, max(schedule.last_jump(ends[0] - 1, REGIME_CHANGE), 0))
-        for start, end in zip(ends, ends[1:]):
-            below = sum(1 for lr in lrs[start:end] if at_most(lr / schedule.peak, low))
-            if below:
-                rooms.append(min((end - start) // (self.window + 2), below))
+        schedule, under = known
+        ends = [0, *schedule.jumps(REGIME_CHANGE), len(under)]
+        rooms = [min((end - start) // (self.window + 2), sum(under[start:end]))
+                 for start, end in zip(ends, ends[1:]) if any(under[start:end])]
         return max(1, max(rooms)) if rooms else None
 
     # -- the steps of target() ----------------------------------------------------------
