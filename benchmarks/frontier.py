@@ -27,6 +27,10 @@ paper's 200-epoch CIFAR runs are long.
         paper freezeout:t0=0.5
     .venv/bin/python benchmarks/frontier.py report
 
+``--device cuda`` trains every arm on the GPU (the data stays on the host, each batch is
+moved, each step's time waits for its last kernel); give such sessions their own ``--out``, as
+speedups and accuracies are compared within one machine only.
+
 ``run`` writes one session file (``benchmarks/results/frontier/x{K}/seed{S}-{label}.json``: the
 command, the machine, each arm's config, per-epoch accuracy and training time, freezes) and
 skips a session whose file is there. ``report`` reads every session, prints one row per arm
@@ -108,7 +112,8 @@ def _arm(name: str, fields: dict, prepared: Any, settings: Any, seed: int) -> di
     return out
 
 
-def run(seed: int, scale: int, arms: list[str], out: Path, label: str | None, command: str) -> Path:
+def run(seed: int, scale: int, arms: list[str], out: Path, label: str | None, command: str,
+        device: str = "cpu") -> Path:
     from dataclasses import asdict, replace
 
     from egeria.bench import demo
@@ -123,9 +128,13 @@ def run(seed: int, scale: int, arms: list[str], out: Path, label: str | None, co
     if path.is_file():
         print(f"{path} is there: skipped")
         return path
-    settings = replace(demo.FULL, epochs=demo.FULL.epochs * scale)
+    settings = replace(demo.FULL, epochs=demo.FULL.epochs * scale, device=device)
     prepared = demo.prepare(settings, seed)
     machine = describe_machine()
+    if device != "cpu":
+        import torch
+
+        machine["accelerator"] = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
     print(f"command: {command}")
     print("machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
     print(f"seed {seed}, x{scale}: {prepared.total_steps} steps, lr /10 at {prepared.milestones}; arms: "
@@ -174,7 +183,7 @@ def points(out: Path) -> list[dict]:
                 "speedup": plain["train_time_s"] / arm["train_time_s"],
                 "train_time_s": arm["train_time_s"], "first_freeze": first,
                 "frozen_at_end": len(arm.get("frozen_at_end", [])),
-                "cpu": s["machine"].get("cpu"),
+                "cpu": s["machine"].get("cpu"), "accelerator": s["machine"].get("accelerator"),
             })
     return rows
 
@@ -281,6 +290,7 @@ def main(argv: list[str]) -> None:
     r.add_argument("--scale", type=int, default=1, help="run length: the demo's epochs times this")
     r.add_argument("--label", default=None, help="the session file's name (default: from the arms)")
     r.add_argument("--out", type=Path, default=OUT)
+    r.add_argument("--device", default="cpu", help="where the arms train (cuda for a GPU; the data stays on the host)")
     p = sub.add_parser("report")
     p.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
@@ -288,7 +298,7 @@ def main(argv: list[str]) -> None:
         for arm in args.arms:
             parse_arm(arm)  # every arm checked before anything trains
         command = "python benchmarks/frontier.py " + " ".join(shlex.quote(a) for a in argv)
-        run(args.seed, args.scale, args.arms, args.out, args.label, command)
+        run(args.seed, args.scale, args.arms, args.out, args.label, command, args.device)
     else:
         report(args.out)
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence, Union
 from .checks import check_int
 
 __all__ = [
-    "EgeriaConfig", "RULES", "SPEEDS", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS", "UNFREEZE_LR_DROP",
+    "EgeriaConfig", "RULES", "SPEEDS", "speed_horizon", "PRECISIONS", "ACTIVATION_MODES", "EXECUTORS", "START_METHODS", "UNFREEZE_LR_DROP",
 ]
 
 #: Freezing rules of Egeria's own policy.
@@ -158,16 +158,19 @@ class EgeriaConfig:
     (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
     freeze. With it, a module that is not quiet also waits for a learning rate at most
     the share of the run's peak that ``speed`` names (1/100 by default;
-    docs/decisions/030-freeze-at-low-lr.md). None: the rule's own, 0.0005 (egeria; see
-    docs/decisions/008-horizon.md) or none (paper: the slope alone decides); 1.0 turns
-    both conditions off."""
+    docs/decisions/030-freeze-at-low-lr.md). None: the rule's own, 0.0005 at the default
+    speed (egeria; see docs/decisions/008-horizon.md), scaled with ``speed``
+    (:func:`speed_horizon`: 0.0026 "balanced", 0.016 "fast"), or none (paper: the slope
+    alone decides); 1.0 turns both conditions off."""
     speed: Union[str, float] = "safe"
     """The point on the speed-accuracy frontier (Egeria's rule): how low the learning rate
     must have come, as a share of the run's peak, before a module that has settled but
     still moves (is not at its floor) may freeze. "safe" (default): 1/100, after a step
     schedule's second tenfold decay or in the last few percent of a cosine; every freeze
     measured there cost nothing. "balanced": 1/30. "fast": 1/10, after a step schedule's
-    first decay. A number in (0, 1] is that share itself (1.0: no bound). The lower the
+    first decay. A number in (0, 1] is that share itself (1.0: no bound). Unless
+    ``horizon`` is given, it moves the drift still to come that a module may freeze at
+    with it (:func:`speed_horizon`). The lower the
     bound, the later and safer the freeze; the measured cost and speedup of each value are
     in docs/decisions/031-speed-knob.md. Quiet modules (floor_ratio) freeze at any
     learning rate whatever the value. The paper's rule and the baseline policies ignore
@@ -221,12 +224,15 @@ class EgeriaConfig:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"EgeriaConfig.rule={self.rule!r} is not one of {', '.join(map(repr, RULES))}")
+        _check_speed(self.speed)  # the rule's horizon follows it
         taken = []
         # A baseline policy reads none of these; the paper's values leave it as it was
         # (no parameter cap on which modules it freezes).
         for name, value in RULE_DEFAULTS[self.rule if self.policy == "egeria" else "paper"].items():
             if name == "probe_size" and self.activation_mode != "eval":
                 value = None  # a part of the batch is read only in eval mode
+            if name == "horizon" and value is not None:
+                value = speed_horizon(value, self.speed)
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
                 taken.append(name)
@@ -242,7 +248,6 @@ class EgeriaConfig:
         if self.horizon is not None:
             _check_positive(self, "horizon", share="of a module's largest drift still to come")
         _check_optional_ratio(self, "floor_ratio")
-        _check_speed(self.speed)
         if self.max_frozen_flops is not None:
             _check_positive(self, "max_frozen_flops", share="of the model's weight computation; None: no cap")
         if self.cost_budget is not None:
@@ -389,6 +394,16 @@ def _check_optional_ratio(cfg: EgeriaConfig, name: str) -> None:
 def lr_bound(speed: str | float) -> float:
     """The learning-rate share of the run's peak that ``EgeriaConfig.speed`` names."""
     return SPEEDS[speed] if isinstance(speed, str) else float(speed)
+
+
+def speed_horizon(horizon: float, speed: str | float) -> float:
+    """The rule's ``horizon`` at ``speed``: as many times ``horizon`` as the learning-rate
+    mass a cosine decay has still ahead when its rate reaches ``speed``'s share of the peak
+    is times what it has ahead at the safe speed's share. That mass goes as the share to
+    the power 1.5 near a cosine's end, so "fast" (1/10) allows 10^1.5 = 32 times the
+    drift still to come that "safe" (1/100) does: both conditions then name the same
+    point of a cosine (docs/decisions/031-speed-knob.md)."""
+    return min(1.0, horizon * (lr_bound(speed) / SPEEDS["safe"]) ** 1.5)
 
 
 def _check_speed(speed: object) -> None:

@@ -160,10 +160,12 @@ def train(
             if scheduler is not None:
                 scheduler.step()
             decisions = tuple(egeria.step(value)) if egeria is not None else ()
+            # Read before the clock stops: on an accelerator it waits for the step's last kernel.
+            loss_value = value.detach().item()
             elapsed = time.perf_counter() - started
             train_time += elapsed
             result = StepResult(
-                len(results) + 1, epoch, value.detach().item(), elapsed, started - waiting, train_time,
+                len(results) + 1, epoch, loss_value, elapsed, started - waiting, train_time,
                 None if flops is None else flops.total, decisions, None if flops is None else flops.backward,
             )
             results.append(result)
