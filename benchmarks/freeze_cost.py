@@ -1,24 +1,28 @@
-"""What does freezing the front cost in fine-tuning? The final held-out accuracy of ``gpt-ptb-order``
-(issue 28's suite, d) when the first ``count`` modules of its partition freeze at step
-``at`` (the ``static`` policy), against plain runs of the same seeds.
+"""What does freezing the front cost in fine-tuning? The final held-out accuracy of a fine-tuning
+task (``gpt-ptb-order``, the suite's (d), by default; ``--task minilm-ptb-order``, (f), the
+genuinely pretrained all-MiniLM-L6-v2) when the first ``count`` modules of its partition freeze
+at step ``at`` (the ``static`` policy), against plain runs of the same seeds.
 
 It answers whether a rule *should* freeze a fine-tuned Transformer's front early, before asking
 why Egeria's does not: AutoFreeze reports 2x on BERT fine-tuning with 4 of 6 layers frozen
-early, and a 2.0x goal on (d) assumes the same is free here.
+early, and a 2.0x goal on (d) and (f) assumes the same is free there.
 
-The task is cut down so that an arm takes minutes on 2 cores: the first ``--limit`` training
+(d) is cut down so that an arm takes minutes on 2 cores: the first ``--limit`` training
 sentences (6,400: 200 steps an epoch), 3 epochs (600 steps), the Trainer's linear decay from
-1e-4 to 0, judged on all 7,000 held-out sentences at the end of each epoch. An arm is
-``policy:seed`` or ``static:seed:count:at``; each writes its run file under ``--runs``
-(``<tag>/cpu/gpt-ptb-order/<policy>-seed<seed>.json``, the format of ``egeria bench``), and an
-arm whose file is there is read, not run again.
+1e-4 to 0, judged on all 7,000 held-out sentences at the end of each epoch. (f) runs at its
+suite length unless ``--limit`` or ``--epochs`` say otherwise. An arm is ``policy:seed`` or
+``static:seed:count:at``, ``at`` a step or a share of the run's steps (``25%``); each writes
+its run file under ``--runs`` (``<tag>/cpu/<task>/<policy>-seed<seed>.json``, the format of
+``egeria bench``), and an arm whose file is there is read, not run again.
 
     .venv/bin/python benchmarks/freeze_cost.py none:0 none:1 static:0:4:150 static:1:4:150 \\
         static:0:2:150 static:1:2:150 --runs /tmp/freeze-cost --init ~/.cache/egeria/ptb-gpt
+    .venv/bin/python benchmarks/freeze_cost.py --task minilm-ptb-order none:0 static:0:2:10% \\
+        static:0:3:25% static:0:5:50% --runs /tmp/freeze-cost-f
 
 Prints the command, the machine and one row per arm (its final accuracy, the difference from the
 plain run of its seed, the training time and its ratio to that plain run's); writes them as JSON
-(default ``benchmarks/results/freeze_cost/gpt-ptb-order.json``) and a plot beside it. Times are
+(default ``benchmarks/results/freeze_cost/<task>.json``) and a plot beside it. Times are
 from one machine but not taken in turns: read them as a rough size, the accuracies as the
 finding.
 """
@@ -32,41 +36,58 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = "gpt-ptb-order"
+TASKS = ("gpt-ptb-order", "minilm-ptb-order")
+#: Each task's cut: training sentences and epochs (None: the suite's own).
+CUTS = {"gpt-ptb-order": (6400, 3), "minilm-ptb-order": (None, None)}
 
 
-def parse_arm(text: str) -> tuple[str, int, dict]:
-    """``none:0`` -> ("none", 0, {}); ``static:0:4:150`` -> ("static", 0, {count: 4, at_step: 150}).
+def parse_arm(text: str, total_steps: int) -> tuple[str, int, dict]:
+    """``none:0`` -> ("none", 0, {}); ``static:0:4:150`` -> ("static", 0, {count: 4, at_step: 150});
+    ``static:0:4:25%`` freezes at a quarter of ``total_steps`` (rounded, at least step 1).
 
     Raises:
-        ValueError: naming the arm that is neither form.
+        ValueError: naming the arm that is neither form, or whose step is not in the run.
     """
     parts = text.split(":")
     try:
         if parts[0] == "static" and len(parts) == 4:
-            return "static", int(parts[1]), {"count": int(parts[2]), "at_step": int(parts[3])}
+            at = parts[3]
+            step = max(1, round(float(at[:-1]) / 100 * total_steps)) if at.endswith("%") else int(at)
+            if not 0 < step <= total_steps:
+                raise ValueError(text)
+            return "static", int(parts[1]), {"count": int(parts[2]), "at_step": step}
         if parts[0] != "static" and len(parts) == 2:
             return parts[0], int(parts[1]), {}
     except ValueError:
         pass
-    raise ValueError(f"arm {text!r}: write policy:seed (none:0) or static:seed:count:at (static:0:4:150)")
+    raise ValueError(f"arm {text!r}: write policy:seed (none:0) or static:seed:count:at (static:0:4:150, "
+                     f"static:0:4:25%; a step of the run's {total_steps})")
 
 
 def tag_of(policy: str, options: dict) -> str:
     return f"static{options['count']}at{options['at_step']}" if policy == "static" else policy
 
 
-def run_arm(policy: str, seed: int, options: dict, *, runs: Path, init: str, limit: int, epochs: int) -> dict:
+def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, init: str | None, limit: int | None,
+            epochs: int | None) -> dict:
     """The arm's run file, run first if it is not under ``runs``."""
     out = runs / tag_of(policy, options)
-    path = out / "cpu" / TASK / f"{policy}-seed{seed}.json"
+    path = out / "cpu" / task / f"{policy}-seed{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
     from egeria.bench.trainer_run import run_trainer_bench
 
     overrides = {"policy_options": options} if options else None
-    return run_trainer_bench(TASK, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit, records_per_epoch=1,
+    return run_trainer_bench(task, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit, records_per_epoch=1,
                              init=init, overrides=overrides, heap="default")
+
+
+def total_steps(task: str, limit: int | None, epochs: int | None, init: str | None) -> int:
+    """The run's optimizer steps (the task built once, for its batches per epoch)."""
+    from egeria.bench.trainer_run import build_trainer_task
+
+    built = build_trainer_task(task, epochs=epochs, limit=limit, eval_limit=1, init=init)
+    return built.steps_per_epoch * built.epochs
 
 
 def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) -> dict:
@@ -80,7 +101,7 @@ def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) ->
     return out
 
 
-def plot(rows: list[dict], target: Path) -> None:
+def plot(rows: list[dict], target: Path, task: str, steps: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +114,7 @@ def plot(rows: list[dict], target: Path) -> None:
         ax.scatter([i] * len(finals), finals, color="tab:gray" if arm == "none" else "tab:blue")
     ax.set_xticks(range(len(arms)), arms)
     ax.set_ylabel("final held-out accuracy (%)")
-    ax.set_title(f"{TASK}, 600 steps: freezing the first k modules at step s")
+    ax.set_title(f"{task}, {steps} steps: freezing the first k modules at step s")
     fig.tight_layout()
     fig.savefig(target, dpi=120)
     plt.close(fig)
@@ -104,19 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     from egeria.bench.trainer_run import DEFAULT_INIT
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("arms", nargs="+", help="none:SEED or static:SEED:COUNT:AT")
+    p.add_argument("arms", nargs="+", help="none:SEED or static:SEED:COUNT:AT (AT a step or a share, 25%%)")
+    p.add_argument("--task", choices=TASKS, default=TASKS[0])
     p.add_argument("--runs", type=Path, required=True, help="where the arms' run files are kept")
-    p.add_argument("--init", default=str(DEFAULT_INIT), help="the pretrained model (scripts/pretrain_ptb_lm.py)")
-    p.add_argument("--limit", type=int, default=6400)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/freeze_cost/gpt-ptb-order.json")
+    p.add_argument("--init", default=None,
+                   help=f"gpt-ptb-order's pretrained model (scripts/pretrain_ptb_lm.py; default {DEFAULT_INIT})")
+    p.add_argument("--limit", type=int, default=None, help="training sentences (default: the task's cut)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default: the task's cut)")
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/freeze_cost/<task>.json")
     args = p.parse_args(argv)
-    arms = [parse_arm(a) for a in args.arms]
+    task = args.task
+    limit = args.limit if args.limit is not None else CUTS[task][0]
+    epochs = args.epochs if args.epochs is not None else CUTS[task][1]
+    init = (args.init or str(DEFAULT_INIT)) if task == "gpt-ptb-order" else args.init
+    out = args.out or ROOT / "benchmarks" / "results" / "freeze_cost" / f"{task}.json"
+    steps = total_steps(task, limit, epochs, init)
+    arms = [parse_arm(a, steps) for a in args.arms]
     command = "python benchmarks/freeze_cost.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     machine = describe_machine()
     print(command)
-    print(f"machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}")
-    runs = [run_arm(policy, seed, options, runs=args.runs, init=args.init, limit=args.limit, epochs=args.epochs)
+    print(f"machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}; {task}, {steps} steps")
+    runs = [run_arm(task, policy, seed, options, runs=args.runs, init=init, limit=limit, epochs=epochs)
             for policy, seed, options in arms]
     plain = {seed: run for (policy, seed, _), run in zip(arms, runs) if policy == "none"}
     rows = [row(policy, seed, options, run, plain.get(seed)) for (policy, seed, options), run in zip(arms, runs)]
@@ -126,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         speed = f"{r['speedup_vs_plain']:.2f}x" if "speedup_vs_plain" in r else "-"
         print(f"{r['arm']:<16}{r['seed']:>5}{r['final']:>9.4f}{points:>9}{r['wall_time_s']:>9.1f}{speed:>9}  "
               f"{', '.join(r['frozen']) or '-'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": command, "machine": machine, "task": TASK, "limit": args.limit,
-                                    "epochs": args.epochs, "rows": rows}, indent=1))
-    plot(rows, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "machine": machine, "task": task, "limit": limit,
+                               "epochs": epochs, "total_steps": steps, "rows": rows}, indent=1))
+    plot(rows, out.with_suffix(".png"), task, steps)
+    print(f"wrote {out}")
     return 0
 
 
