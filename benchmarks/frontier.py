@@ -176,7 +176,7 @@ def points(out: Path) -> list[dict]:
         for arm in s["arms"]:
             first = next((e["step"] for e in arm.get("events", []) if e["action"] == "freeze"), None)
             rows.append({
-                "scale": s["scale"], "steps": s["total_steps"], "seed": s["seed"], "arm": arm["arm"],
+                "scale": s["scale"], "steps": s["total_steps"], "seed": s["seed"], "arm": arm_label(arm),
                 "final": 100 * arm["final_accuracy"],
                 "vs_worst_plain": 100 * (arm["final_accuracy"] - worst[s["scale"]]),
                 "vs_own_plain": 100 * (arm["final_accuracy"] - plain["final_accuracy"]),
@@ -186,6 +186,21 @@ def points(out: Path) -> list[dict]:
                 "cpu": s["machine"].get("cpu"), "accelerator": s["machine"].get("accelerator"),
             })
     return rows
+
+
+def arm_label(arm: dict) -> str:
+    """The arm's name, with the horizon it ran under where that is not the one its name gives
+    today (sessions made before the speed moved the horizon: speed_horizon)."""
+    from egeria import EgeriaConfig
+
+    name, fields = parse_arm(arm["arm"])
+    recorded = (arm.get("config") or {}).get("horizon")
+    if "speed" not in fields or recorded is None:
+        return name
+    fields.pop("unfreeze", None)
+    if recorded == EgeriaConfig(**fields).horizon:
+        return name
+    return f"{name} (horizon {recorded:g})"
 
 
 def summarise(rows: list[dict]) -> list[dict]:

@@ -61,3 +61,18 @@ def test_points_are_against_their_sessions_plain_and_the_worst_plain_seed_and_do
     goal = {g["baseline"]: g["dominated_by"] for g in frontier.dominated(summary)}
     # static (1.22x, +0.2) is dominated by egeria:fast (1.225x, +0.25); linear (1.43x, +0.6) is not
     assert goal == {"static:count=5:at_step=450": ["egeria:fast"], "linear:start=0.5": []}
+
+
+def test_an_arm_run_under_another_horizon_than_its_name_gives_today_says_so():
+    from egeria import EgeriaConfig
+
+    today = EgeriaConfig(speed="fast").to_dict()
+    before = {**today, "horizon": 0.0005}  # a session from before the speed moved the horizon
+    assert frontier.arm_label({"arm": "egeria:fast", "config": today}) == "egeria:fast"
+    assert frontier.arm_label({"arm": "egeria:fast", "config": before}) == "egeria:fast (horizon 0.0005)"
+    assert frontier.arm_label({"arm": "egeria:fast:unfreeze=10", "config": today}) == "egeria:fast:unfreeze=10"
+    given = EgeriaConfig(speed="fast", horizon=0.05).to_dict()
+    assert frontier.arm_label({"arm": "egeria:fast:horizon=0.05", "config": given}) == "egeria:fast:horizon=0.05"
+    assert frontier.arm_label({"arm": "plain", "config": None}) == "plain"
+    assert frontier.arm_label({"arm": "static:count=5:at_step=450", "config": {"horizon": None}}) == \
+        "static:count=5:at_step=450"

@@ -41,3 +41,28 @@ def test_the_results_page_holds_the_tables_its_run_files_give() -> None:
     text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     assert len(page.BLOCK.findall(text)) >= 10  # the page's tables are generated; none would prove nothing
     assert page.refresh(text) == text, "benchmarks/RESULTS.md is out of date: run benchmarks/results_page.py"
+
+
+def test_the_frontier_tables_come_from_the_session_files_behind_them() -> None:
+    import json
+
+    page = load_script("benchmarks/results_page.py")
+    frontier = load_script("benchmarks/frontier.py")
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    folders = [m["folder"] for m in page.FRONTIER.finditer(text)]
+    assert len(folders) >= 2
+    for folder in folders:
+        committed = json.loads((ROOT / folder / "frontier.json").read_text())
+        made = json.loads(json.dumps(frontier.summarise(frontier.points(ROOT / folder))))
+        assert committed["summary"] == made, f"{folder}/frontier.json is stale: run benchmarks/frontier.py report"
+
+
+def test_a_frontier_table_has_a_row_per_length_and_arm_plain_first() -> None:
+    page = load_script("benchmarks/results_page.py")
+    study = {"summary": [
+        {"scale": 1, "arm": "egeria:safe", "seeds": [0, 1], "speedup": 1.1, "vs_own_plain": -0.05, "vs_worst_plain": 0.1},
+        {"scale": 1, "arm": "plain", "seeds": [0, 1], "speedup": 1.0, "vs_own_plain": 0.0, "vs_worst_plain": 0.2},
+    ]}
+    lines = page.frontier_table(study).splitlines()
+    assert lines[2] == "| 1x | plain | 0, 1 | 1.00x | +0.00 | +0.20 |"
+    assert lines[3] == "| 1x | egeria:safe | 0, 1 | 1.10x | -0.05 | +0.10 |"
