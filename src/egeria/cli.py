@@ -36,13 +36,15 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         description="Trains ResNet-20 on a Fashion-MNIST subset three times from the same initial weights and "
         "batch order, plain PyTorch, Egeria's defaults and Egeria speed='fast', in three processes taking turns "
         "every 10 steps, and prints a side-by-side table; writes demo.png and demo.json. Each run trains 800 "
-        "steps (on a quiet 2-core AMD EPYC VM, about 90 s of training a run, with evaluation and start-up besides).",
+        "steps (on a quiet 2-core AMD EPYC VM, 90 s to 5 minutes of training a run, with evaluation and start-up "
+        "besides; --device cuda trains on a GPU).",
     )
     p.add_argument("--out", default="egeria-demo", metavar="DIR", help="output directory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batch order (default: 0)")
     p.add_argument("--quick", action="store_true", help="a tiny run of about 30 s, for smoke tests")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--data-root", default=None, metavar="DIR", help="directory of the Fashion-MNIST IDX files")
+    p.add_argument("--device", default="cpu", help="where the three runs train: cpu (default) or cuda")
     p.set_defaults(func=_run_demo)
 
 
@@ -52,9 +54,11 @@ def _run_demo(args: argparse.Namespace, command: str) -> int:
     if (message := missing_extra("demo")) is not None:
         print(message, file=sys.stderr)
         return 2
+    from dataclasses import replace
+
     from .bench.demo import FULL, QUICK, run_demo
 
-    settings = QUICK if args.quick else FULL
+    settings = replace(QUICK if args.quick else FULL, device=args.device)
     run_demo(
         out_dir=args.out,
         seed=args.seed,

@@ -23,6 +23,23 @@ def test_cli_parses_demo_arguments() -> None:
         build_parser().parse_args([])
 
 
+def test_the_demo_device_is_parsed_and_a_bad_or_absent_one_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from egeria.bench import demo
+
+    assert build_parser().parse_args(["demo"]).device == "cpu"
+    assert build_parser().parse_args(["demo", "--device", "cuda"]).device == "cuda"
+    with pytest.raises(ValueError, match=r"demo device='gpu0': not a torch device"):
+        demo.run_demo(tmp_path, settings=demo.DemoSettings(device="gpu0"), stream=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"demo device='cuda': this machine's torch sees no CUDA device"):
+        demo.run_demo(tmp_path, settings=demo.DemoSettings(device="cuda"), stream=None)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
 @pytest.mark.parametrize("command", [["demo", "--quick"], ["bench", "resnet-fmnist"]])
 def test_demo_and_bench_without_the_bench_extra_name_it(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
