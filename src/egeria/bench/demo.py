@@ -102,7 +102,7 @@ def run_demo(
     settings: DemoSettings | None = None,
     data_root: str | Path | None = None,
     command: str | None = None,
-    stream: TextIO | None = sys.stdout,
+    stream: TextIO | None | str = "stdout",
 ) -> dict:
     """Trains ResNet-20 three times (plain, Egeria's defaults, Egeria speed="fast"; in turns)
     and reports them side by side.
@@ -116,7 +116,8 @@ def run_demo(
         settings: the other sizes and hyperparameters; :data:`FULL` when None.
         data_root: directory of the Fashion-MNIST IDX files; the loader's default when None.
         command: the command line printed at the top; a Python call when None.
-        stream: where the machine line and the table are printed; None prints nothing.
+        stream: where the machine line and the table are printed: "stdout" (the default) is
+            ``sys.stdout`` as it is at the call; None prints nothing.
 
     Returns:
         The JSON-safe dict also written to ``demo.json``: settings, machine, each Egeria
@@ -124,6 +125,7 @@ def run_demo(
         times, Egeria's events and plasticity history, and the summary numbers (the
         default run's at the top of ``summary``, the fast run's under ``summary["fast"]``).
     """
+    stream = sys.stdout if stream == "stdout" else stream
     base = settings if settings is not None else FULL
     s = DemoSettings(**{**asdict(base), "train_limit": train_limit, "epochs": epochs})
     _check_settings(s)
