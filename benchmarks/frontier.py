@@ -130,11 +130,7 @@ def run(seed: int, scale: int, arms: list[str], out: Path, label: str | None, co
         return path
     settings = replace(demo.FULL, epochs=demo.FULL.epochs * scale, device=device)
     prepared = demo.prepare(settings, seed)
-    machine = describe_machine()
-    if device != "cpu":
-        import torch
-
-        machine["accelerator"] = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+    machine = describe_machine(device)
     print(f"command: {command}")
     print("machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
     print(f"seed {seed}, x{scale}: {prepared.total_steps} steps, lr /10 at {prepared.milestones}; arms: "

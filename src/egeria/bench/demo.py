@@ -39,7 +39,7 @@ from ..engine import Egeria
 from ..knowledge.quantization import bf16_kind
 from .allocator import can_fix_heap, heap_state, steady_heap
 from .harness import StepResult, classification_loss, train
-from .machine import describe_machine
+from .machine import describe_machine, training_device
 from .turns import current as current_turns
 from .turns import run_in_turns
 
@@ -133,9 +133,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     if command is None:
         command = f"python -c 'import egeria.bench.demo as d; d.run_demo(out_dir={str(out)!r}, seed={seed})'"
-    machine = describe_machine()
-    if s.device != "cpu":
-        machine["device"] = torch.cuda.get_device_name(s.device) if s.device.startswith("cuda") else s.device
+    machine = describe_machine(s.device)
     _echo(stream, f"command: {command}")
     _echo(stream, "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
 
@@ -569,12 +567,7 @@ def _check_settings(s: DemoSettings) -> None:
         raise ValueError(f"demo steady_heap={s.steady_heap!r}: must be True or False")
     if not all(isinstance(v, (int, float)) and 0 < v < 1 for v in s.lr_drops):
         raise ValueError(f"demo lr_drops={s.lr_drops!r}: each must be a share of the steps in (0, 1)")
-    try:
-        device = torch.device(s.device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"demo device={s.device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"demo device={s.device!r}: this machine's torch sees no CUDA device")
+    training_device(s.device, f"demo device={s.device!r}")
 
 
 def _echo(stream: TextIO | None, text: str) -> None:

@@ -7,14 +7,15 @@ import platform
 
 import torch
 
-__all__ = ["describe_machine"]
+__all__ = ["describe_machine", "training_device"]
 
 # CPU features that decide how fast int8 and bf16 kernels run.
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
-def describe_machine() -> dict:
-    """Platform, Python, CPU model and its int8/bf16 features, cores, torch build and threads."""
+def describe_machine(device: str = "cpu") -> dict:
+    """Platform, Python, CPU model and its int8/bf16 features, cores, torch build and threads;
+    for a run on another ``device``, the accelerator's name as ``accelerator``."""
     cpu: str | None = None
     flags: list[str] = []
     try:
@@ -37,4 +38,22 @@ def describe_machine() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "quantized_engines": list(torch.backends.quantized.supported_engines),
+        **({} if device == "cpu" else {"accelerator": torch.cuda.get_device_name(device)
+                                       if device.startswith("cuda") else device}),
     }
+
+
+def training_device(name: str, label: str) -> torch.device:
+    """``name`` as a torch device a run can train on.
+
+    Raises:
+        ValueError: starting with ``label``, for a name torch does not read as a device, or
+            a CUDA device where torch sees none.
+    """
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{label}: not a torch device (cpu, cuda, cuda:1, ...)") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{label}: this machine's torch sees no CUDA device")
+    return device

@@ -64,7 +64,7 @@ from ..config import EgeriaConfig
 from .allocator import HEAPS, heap_state, steady_heap
 from .flops import share
 from .layouts import LAYOUTS, pinned, resolve_layout
-from .machine import describe_machine
+from .machine import describe_machine, training_device
 from .run import FORMAT, POLICY_NAMES, _code_commit
 
 __all__ = ["TRAINER_TASKS", "DEFAULT_INIT", "TrainerTask", "build_trainer_task", "run_trainer_bench", "main"]
@@ -261,8 +261,7 @@ def run_trainer_bench(
         raise ValueError(f"unknown heap {heap!r}; choose one of {list(HEAPS)}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: cpu or cuda (the Trainer picks the GPU)")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda': this machine's torch sees no CUDA device")
+    training_device(device, f"device {device!r}")
     place = resolve_layout(layout)
     if heap == "steady":
         steady_heap()
@@ -362,7 +361,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         "epochs": task.epochs,
         "command": command or f"python -m egeria.bench.trainer_run {task_name} --policy {policy} --seed {seed} "
         f"--layout {place.name}",
-        "machine": {**describe_machine(), **({"device": torch.cuda.get_device_name()} if device == "cuda" else {})},
+        "machine": describe_machine(device),
         "code": _code_commit(),
         "layout": place.to_dict(),
         "config": cfg.to_dict(),
