@@ -11,8 +11,10 @@ readings (``EgeriaConfig.floor_ratio``).
 For each ``egeria bench`` Egeria run given (or readings written by ``benchmarks/studies/demo_arm.py
 SEED egeria --history FILE``), per watched module and learning-rate half-decade (named by
 its upper end): the number of readings, their median, the median floor, the median and the
-lowest smoothed reading / floor (what the rule compares), and the share of smoothed
-readings within the default ``floor_ratio`` x the floor. Runs whose rows carry floors (code
+lowest smoothed reading / floor (what the rule compares), the share of smoothed
+readings within the default ``floor_ratio`` x the floor, and the median of each reading over the
+next watched module's at the same step (*behind*: how much less a module moves than the one
+after it; a pretrained front being adapted reads far below the layers behind it). Runs whose rows carry floors (code
 from 5ccddc9 on) use each reading's own smoothed floor; for older runs the floor is measured
 here on the run's final weights (the ``.pt`` beside its JSON), in the precision the run's
 reference had on this machine, as the median over 4 random probes of the run's probe size.
@@ -96,8 +98,11 @@ def phases(run: dict, floors: dict[str, float] | None, ratio: float) -> list[dic
     """One row per watched module and learning-rate band (readings that straddled a change left out)."""
     rows = []
     readings = [r for r in run["plasticity"] if r.get("counted", True) and r.get("lr")]
-    for module in dict.fromkeys(r["module"] for r in readings):
+    order = list(dict.fromkeys(r["module"] for r in readings))
+    at = {(r["step"], r["module"]): r["plasticity"] for r in readings}
+    for position, module in enumerate(order):
         mine = [r for r in readings if r["module"] == module]
+        after = order[position + 1] if position + 1 < len(order) else None
         for lr in sorted({band(r["lr"]) for r in mine}, reverse=True):
             here = [r for r in mine if band(r["lr"]) == lr]
             if floors is None:
@@ -107,6 +112,7 @@ def phases(run: dict, floors: dict[str, float] | None, ratio: float) -> list[dic
             if not pairs:
                 continue
             smoothed = [s / f for _, s, f in pairs]
+            behind = [r["plasticity"] / at[(r["step"], after)] for r in here if at.get((r["step"], after), 0) > 0]
             rows.append({
                 "module": module,
                 "lr": lr,
@@ -116,6 +122,7 @@ def phases(run: dict, floors: dict[str, float] | None, ratio: float) -> list[dic
                 "median_ratio": statistics.median(smoothed),
                 "lowest_ratio": min(smoothed),
                 "within_ratio": sum(r <= ratio for r in smoothed) / len(pairs),
+                "behind": statistics.median(behind) if behind else None,
             })
     return rows
 
@@ -144,10 +151,11 @@ def main(argv: list[str]) -> None:
         source = "recorded with each reading" if recorded else f"measured on the final weights ({path.with_suffix('.pt').name})"
         print(f"\n{path} ({run['task']}, seed {run['seed']}): floors {source}")
         print(f"{'module':<22}{'lr <=':>9}{'n':>5}{'reading':>11}{'floor':>11}{'sm/floor':>10}{'lowest':>9}"
-              f"{f'<={ratio:g}x':>7}")
+              f"{f'<={ratio:g}x':>7}{'behind':>9}")
         for row in rows:
             print(f"{row['module']:<22}{row['lr']:>9.3g}{row['readings']:>5}{row['median_reading']:>11.2e}"
-                  f"{row['floor']:>11.2e}{row['median_ratio']:>10.1f}{row['lowest_ratio']:>9.1f}{row['within_ratio']:>7.0%}")
+                  f"{row['floor']:>11.2e}{row['median_ratio']:>10.1f}{row['lowest_ratio']:>9.1f}{row['within_ratio']:>7.0%}"
+                  + (f"{row['behind']:>9.3f}" if row["behind"] is not None else f"{'-':>9}"))
         results.append({"run": str(path), "task": run["task"], "seed": run["seed"], "floors": source, "rows": rows})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(["benchmarks/studies/reading_floor.py", *argv]),
