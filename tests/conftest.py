@@ -46,3 +46,14 @@ def _quiet_deprecations():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         yield
+
+
+@pytest.fixture
+def no_idle(monkeypatch) -> None:
+    """Egeria's idle test off (docs/decisions/032-idle-modules.md): the tests' ``Chain`` has a
+    linear stem whose readings stay under 1/100 of its blocks' from its first readings, so
+    it freezes idle; tests of the rule's other conditions take this fixture. The rule's
+    settings are built in this process and carried whole to any controller process."""
+    from egeria.knowledge import policy as knowledge
+
+    monkeypatch.setattr(knowledge, "IDLE_SHARE", None)

@@ -213,8 +213,9 @@ def test_resume_under_egerias_criterion_equals_uninterrupted_run(split, decays):
     rest = train(model, opt, eg, data[split:], scheduler=sched)
     if decays:
         assert rest and all(d.step > split for d in rest), "the test needs a freeze after the checkpoint"
-    else:  # a constant rate never comes down to the bound: the readings after the checkpoint decide
-        assert rest == [] and any(row["step"] > split for row in eg.history)
+    else:  # a constant rate never comes down to the bound: only the idle stem (record 032) freezes
+        assert all("of the most active watched module's" in d.reason for d in rest)
+        assert any(row["step"] > split for row in eg.history)
     assert all(row["mass"] is not None for row in eg.history if row["step"] > split)
 
     model2, opt2, sched2, eg2 = fresh()

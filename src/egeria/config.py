@@ -155,8 +155,9 @@ class EgeriaConfig:
     it has had in the run. The drift still to come is the module's pace (its drift per
     unit of learning-rate mass, the median of its last W readings) times the
     learning-rate mass still ahead, read from the schedule whatever built it
-    (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio)
-    freeze. With it, a module that is not quiet also waits for a learning rate at most
+    (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio) and
+    idle ones (at most 1/100 of the most active watched module's plasticity;
+    docs/decisions/032-idle-modules.md) freeze. With it, a module that is neither also waits for a learning rate at most
     the share of the run's peak that ``speed`` names (1/100 by default;
     docs/decisions/030-freeze-at-low-lr.md). None: the rule's own, 0.0005 at the default
     speed (egeria; see docs/decisions/008-horizon.md), scaled with ``speed``
@@ -172,8 +173,8 @@ class EgeriaConfig:
     ``horizon`` is given, it moves the drift still to come that a module may freeze at
     with it (:func:`speed_horizon`). The lower the
     bound, the later and safer the freeze; the measured cost and speedup of each value are
-    in docs/decisions/031-speed-knob.md. Quiet modules (floor_ratio) freeze at any
-    learning rate whatever the value. The paper's rule and the baseline policies ignore
+    in docs/decisions/031-speed-knob.md. Quiet modules (floor_ratio) and idle ones
+    (docs/decisions/032-idle-modules.md) freeze at any learning rate whatever the value. The paper's rule and the baseline policies ignore
     it."""
     floor_ratio: float | None = None
     """A module also freezes after W readings in a row whose smoothed plasticity is at most

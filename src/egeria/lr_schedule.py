@@ -345,7 +345,7 @@ class ScheduleWatch:
             self._tell_once(
                 logging.WARNING,
                 f"the learning-rate schedule is unknown: {err} (without it Egeria's rule cannot tell how much "
-                "movement is still to come, and freezes only modules whose readings sit at their floor)",
+                "movement is still to come, and freezes only modules at their floor or idle)",
             )
             answer = None
         if final:  # before training, total_steps or the scheduler may still change

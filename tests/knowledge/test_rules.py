@@ -15,7 +15,10 @@ from egeria.knowledge.executors import InlineExecutor
 from egeria.knowledge.protocol import Readout, Request
 from egeria.knowledge.reference import ReferenceModel
 from egeria.config import SPEEDS
-from egeria.knowledge.rule import FrontRule, Outlook, RuleSettings, at_most
+from egeria.checkpoint.statecheck import check
+from egeria.knowledge.plasticity import ModuleWatch
+from egeria.knowledge.policy import rule_settings
+from egeria.knowledge.rule import IDLE_SHARE, FrontRule, Outlook, RuleSettings, at_most
 from egeria.knowledge.service import ControllerSpec
 from egeria.knowledge.weights import float_snapshot
 from fakes import Recorder
@@ -285,7 +288,8 @@ def test_a_settled_module_waits_for_the_learning_rate_to_come_down_to_the_bound_
     assert paper.settled(0)
 
 
-def test_a_schedule_that_never_comes_down_to_the_bound_says_so_once_and_freezes_nothing_still_learning(caplog):
+def test_a_schedule_that_never_comes_down_to_the_bound_says_so_once_and_freezes_nothing_still_learning(
+        caplog, no_idle):
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -419,7 +423,7 @@ def _schedulers(opt, steps: int) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["multistep", "steplr-per-epoch", "warmup-cosine", "linear-decay", "one-cycle", "sequential"])
-def test_one_criterion_reads_the_mass_ahead_from_any_schedule_and_freezes_under_each(kind):
+def test_one_criterion_reads_the_mass_ahead_from_any_schedule_and_freezes_under_each(kind, no_idle):
     steps = 120
     torch.manual_seed(0)
     model = Chain()
@@ -476,7 +480,7 @@ def test_a_schedule_that_rises_again_warns_about_the_unfreeze_rule_once(caplog):
     assert len(said) == 1 and "at step 20" in said[0] and "unfreeze_rule=" in said[0]
 
 
-def test_an_unknown_schedule_is_said_once_with_what_it_costs_and_only_quiet_modules_freeze(caplog):
+def test_an_unknown_schedule_is_said_once_with_what_it_costs_and_only_quiet_or_idle_modules_freeze(caplog):
     torch.manual_seed(0)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
@@ -490,7 +494,9 @@ def test_an_unknown_schedule_is_said_once_with_what_it_costs_and_only_quiet_modu
     said = [r.getMessage() for r in caplog.records if "schedule is unknown" in r.getMessage()]
     assert len(said) == 1 and "metric" in said[0] and "at their floor" in said[0]
     assert history and all(row["mass_ahead"] is None and row["outlook_share"] is None for row in history)
-    assert not [d for d in decisions if d.action == "freeze"]  # no floor test here, no outlook: nothing
+    freezes = [d for d in decisions if d.action == "freeze"]
+    assert freezes, "the tiny chain's stem is idle: the test needs a freeze that no schedule decides"
+    assert all("of the most active watched module's" in d.reason for d in freezes)  # no floor test, no outlook
 
 
 def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_whole():
@@ -499,10 +505,12 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     config = egeria.EgeriaConfig(window=4, horizon=0.01, floor_ratio=6.0)
     policy = egeria.KnowledgeGuided(config)
     assert policy.rule_settings == RuleSettings(
-        window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=SPEEDS["safe"]
+        window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=SPEEDS["safe"],
+        idle_share=IDLE_SHARE,
     )
     paper = egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).rule_settings
-    assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio, paper.low_lr) == (10, None, False, None, None)
+    assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio, paper.low_lr, paper.idle_share) == (
+        10, None, False, None, None, None)
     assert egeria.KnowledgeGuided(config.replace(floor_ratio=0.0)).rule_settings.floor_ratio is None  # 0: off
     model, partition, executor = _controller(span=1)
     executor.close()
@@ -512,3 +520,110 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     assert controller.rule.settings is settings and controller.window == 5
     assert (controller.rule.tolerance_ratio, controller.rule.horizon, controller.rule.regimes) == (0.3, 0.2, True)
     assert controller.rule.floor_ratio == 4.0
+
+
+def _idle_settings(**kw) -> RuleSettings:
+    return RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.0005, regimes=True, floor_ratio=4.0,
+                        low_lr=SPEEDS["safe"], idle_share=IDLE_SHARE, **kw)
+
+
+def _evaluation(rule: FrontRule, values: dict[int, float], lr: float = 0.1, floor: float | None = None) -> dict:
+    """One evaluation: every module of ``values`` read at ``lr`` (the peak), then compared."""
+    for index, value in values.items():
+        rule.read(index, value, lr, floor, mass=0.01, ahead=0.9, peak=0.1)
+    return rule.compare(list(values))
+
+
+def test_a_module_moving_a_hundredth_as_much_as_the_most_active_freezes_at_the_peak_rate():
+    """The idle test (docs/decisions/032-idle-modules.md): at most IDLE_SHARE of the most
+    active watched module's smoothed plasticity for W evaluations settles a module, with
+    most of the learning rate ahead; a hair above the share does not; nor does a module
+    watched alone."""
+    rule = FrontRule(_idle_settings())
+    shares = _evaluation(rule, {0: 1e-6, 1: 1e-4 * 1.01, 2: 1e-3})
+    assert shares == pytest.approx({0: 1e-3, 1: 0.101, 2: 1.0})
+    assert rule.active == 2 and not rule.idle(0)  # one evaluation of W = 2
+    _evaluation(rule, {0: 1e-6, 1: 1e-4 * 1.01, 2: 1e-3})
+    assert rule.idle(0) and rule.settled(0)  # far from the horizon and the bound: idle alone
+    assert not rule.idle(1) and not rule.settled(1) and not rule.idle(2)
+    assert rule.settled_front([0, 1, 2]) == 1
+    edge = FrontRule(_idle_settings())
+    for _ in range(3):
+        _evaluation(edge, {0: 1.02e-5, 1: 1e-3})  # 0.0102 of the most active
+    assert not edge.idle(0)
+    alone = FrontRule(_idle_settings())
+    for _ in range(3):
+        _evaluation(alone, {0: 1e-9})
+    assert not alone.idle(0)
+
+
+def test_the_idle_count_restarts_with_a_reading_above_the_share_and_at_a_jump_of_the_schedule():
+    rule = FrontRule(_idle_settings())
+    _evaluation(rule, {0: 1e-6, 1: 1e-3})
+    _evaluation(rule, {0: 1e-1, 1: 1e-3})  # its smoothed reading jumps over the share
+    assert rule.watches[0].idle == 0
+    _evaluation(rule, {0: 1e-6, 1: 1e-3})
+    assert rule.watches[0].idle == 0  # the mean of its last two readings is still above it
+    rule = FrontRule(_idle_settings())
+    _evaluation(rule, {0: 1e-6, 1: 1e-3})
+    assert rule.watches[0].idle == 1
+    _evaluation(rule, {0: 1e-6, 1: 1e-3}, lr=0.01)  # a tenfold drop: the watches restart
+    assert rule.watches[0].idle == 0 and not rule.idle(0)
+
+
+def test_nothing_is_idle_next_to_a_most_active_module_at_its_floor_nor_under_the_papers_rule():
+    rule = FrontRule(_idle_settings())
+    for _ in range(3):
+        _evaluation(rule, {0: 1e-12, 1: 1e-9}, floor=1e-9)  # both within 4x their floor: noise
+    assert not rule.idle(0) and rule.quiet(0)  # the floor says settled, not the share
+    paper = FrontRule(RuleSettings(window=2, tolerance_ratio=0.2))
+    for _ in range(3):
+        shares = _evaluation(paper, {0: 1e-6, 1: 1e-3})
+    assert shares[0] == pytest.approx(1e-3) and not paper.idle(0)
+    assert rule_settings(egeria.EgeriaConfig(rule="paper")).idle_share is None
+    assert rule_settings(egeria.EgeriaConfig()).idle_share == IDLE_SHARE
+
+
+def test_the_idle_count_goes_through_a_checkpoint_and_an_older_state_loads_without_it():
+    rule = FrontRule(_idle_settings())
+    _evaluation(rule, {0: 1e-6, 1: 1e-3})
+    copy = FrontRule(_idle_settings())
+    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert copy.watches[0].idle == 1
+    _evaluation(copy, {0: 1e-6, 1: 1e-3})
+    assert copy.idle(0)
+    state = json.loads(json.dumps(rule.state_dict()))
+    for watch in state["watches"].values():
+        del watch["idle"]
+    check(state["watches"]["0"], ModuleWatch.state_spec())
+    older = FrontRule(_idle_settings())
+    older.load_state_dict(state)
+    assert older.watches[0].idle == 0
+
+
+def test_idle_modules_freeze_with_a_reason_naming_the_most_active_one():
+    torch.manual_seed(0)
+    model = Chain(depth=4).eval()
+    partition = egeria.partition_model(model, (torch.randn(4, 8),))
+    spec = ControllerSpec(partition, float_snapshot(model), "fp32",
+                          RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.0005, idle_share=IDLE_SHARE),
+                          refresh_every=1, threads=1, cpu_threshold=None, span=3)
+    executor = InlineExecutor(spec)
+    x = torch.randn(16, 8)
+    named = dict(model.named_parameters())
+    stem, block = ([named[p] for p in partition.modules[i].params] for i in (0, 2))
+    results = []
+    for seq in range(1, 6):
+        with torch.no_grad():  # the first block moves; the stem's linear layer a ten-thousandth as much
+            for p in stem:
+                p.add_(1e-5 * torch.randn_like(p))
+            for p in block:
+                p.add_(0.1 * torch.randn_like(p))
+        results.append(_evaluate(executor, model, seq, x))
+    rows = [row for r in results for row in r.readings]
+    assert all(row["active_share"] < IDLE_SHARE for row in rows if row["module"] != partition.names[2])
+    assert all(row["active_share"] == 1.0 for row in rows if row["module"] == partition.names[2])
+    decision = next(r.decision for r in results if r.decision is not None)
+    assert decision.step == 3  # the 1st evaluation builds the reference, the 2nd and 3rd read idle: W = 2
+    assert decision.modules == tuple(partition.names[:2])  # the stem, and the BatchNorm that only passes it on
+    assert f"at most {IDLE_SHARE:g} of the most active watched module's ({partition.names[2]})" in decision.reason

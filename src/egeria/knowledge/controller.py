@@ -161,6 +161,11 @@ class Controller:
             return answer(note="non-finite")
         mass = self._mass_since_refresh(request)
         rows = [self._read(index, value, request, mass) for index, value in zip(watched, values)]
+        shares = self.rule.compare(watched)
+        for index, row in zip(watched, rows):
+            watch = self.rule.watches.get(index)
+            row["active_share"] = shares.get(index)  # its smoothed reading over the most active module's
+            row["idle"] = 0 if watch is None else watch.idle
         by_module = dict(zip(watched, training))
         count = self.rule.settled_front(watched)
         if count:
@@ -181,6 +186,12 @@ class Controller:
         if self.rule.quiet(index):
             return (
                 f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {self.window} readings"
+            )
+        if self.rule.idle(index):
+            active = self.rule.active
+            return (
+                f"plasticity at most {self.rule.idle_share:g} of the most active watched module's "
+                f"({self._name(active) if active is not None else 'unknown'}) for {self.window} readings"
             )
         tolerance = self.rule.tolerance(index) or 0.0
         why = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"

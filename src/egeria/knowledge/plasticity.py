@@ -86,6 +86,7 @@ class ModuleWatch:
     straddling: bool = False  # the coming reading spans a learning-rate change
     floors: list[float] = field(default_factory=list)  # the last W floors
     quiet: int = 0
+    idle: int = 0  # consecutive evaluations it read idle (counted by FrontRule.compare)
 
     def new_regime(self, lr: float, regime: int | None = None) -> bool:
         """Notes the learning rate of the coming reading and, where the schedule is known,
@@ -110,7 +111,7 @@ class ModuleWatch:
         if not jumped:
             return False
         self.raw, self.smoothed, self.stale = [], [], 0
-        self.floors, self.quiet = [], 0
+        self.floors, self.quiet, self.idle = [], 0, 0
         self.straddling = True
         return True
 
@@ -169,6 +170,7 @@ class ModuleWatch:
             "floor_ratio": self.floor_ratio,
             "floors": list(self.floors),
             "quiet": self.quiet,
+            "idle": self.idle,
         }
 
     @classmethod
@@ -195,7 +197,8 @@ class ModuleWatch:
                 "straddling": boolean,
                 "floors": items(number(0)),
                 "quiet": integer(0),
+                "idle": integer(0),
             },
             optional=("floor_ratio", "raw", "smoothed", "first_slopes", "tolerance", "stale", "readings",
-                      "lr", "regime", "straddling", "floors", "quiet"),
+                      "lr", "regime", "straddling", "floors", "quiet", "idle"),
         )

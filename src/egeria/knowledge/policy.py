@@ -47,7 +47,7 @@ from .executors import Executor, make_executor
 from .link import ControllerLink
 from .plasticity import REGIME_CHANGE
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
-from .rule import RuleSettings, at_most
+from .rule import IDLE_SHARE, RuleSettings, at_most
 from .service import ControllerSpec
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
@@ -82,6 +82,7 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         regimes=config.rule == "egeria",
         floor_ratio=config.floor_ratio or None,
         low_lr=lr_bound(config.speed) if config.rule == "egeria" else None,
+        idle_share=IDLE_SHARE if config.rule == "egeria" else None,
     )
 
 
@@ -287,6 +288,9 @@ class KnowledgeGuided:
         if self.config.floor_ratio and last.get("floor"):
             blocked.append(f"nor was it quiet: plasticity {last['smoothed'] / last['floor']:.3g}x its floor, against "
                            f"floor_ratio={self.config.floor_ratio:g}")
+        idle, share = self.rule_settings.idle_share, last.get("active_share")
+        if idle is not None and share is not None:
+            blocked.append(f"nor idle: plasticity {share:.2g} of the most active watched module's, against {idle:g}")
         return blocked
 
     def _under_bound(self) -> tuple[LRSchedule, list[bool]] | None:
@@ -473,7 +477,7 @@ class KnowledgeGuided:
             if not at_most(lowest, low):
                 logger.warning(
                     "Egeria: this run's learning rate never falls to %g of its peak (its lowest is %.2g of it), so "
-                    "only modules whose readings sit at their floor (a pretrained front) can freeze: a module still "
+                    "only modules at their floor or idle (a pretrained front) can freeze: a module still "
                     "learning freezes only once the rate is that low. A schedule that decays further (cosine or "
                     "linear to 0, a step schedule's second tenfold drop) lets settled modules freeze in its last "
                     "stretch", low, lowest,

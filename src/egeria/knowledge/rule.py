@@ -27,10 +27,14 @@ of its movement ahead, one settled after the schedule has spent its mass has not
 the schedule steps, decays smoothly or warms up first. A module whose readings sit within
 ``floor_ratio`` of the reference's own error for W readings (*quiet*: its drift cannot be
 told from none, as a pretrained front's in fine-tuning) freezes on that alone, however
-much mass is ahead. Without a known schedule (``ReduceLROnPlateau``, an unknown length) no
-outlook exists, and only quiet modules freeze.
+much mass is ahead. So does a module whose smoothed plasticity stays at most
+``idle_share`` (1/100) of the most active watched module's for W readings (*idle*: a
+pretrained layer being adapted, whose outputs move a hundredth as much as the layers the
+network is learning with; docs/decisions/032-idle-modules.md). Without a known schedule
+(``ReduceLROnPlateau``, an unknown length) no outlook exists, and only quiet and idle
+modules freeze.
 
-And a module that is not quiet freezes only once the learning rate has come down to
+And a module that is neither quiet nor idle freezes only once the learning rate has come down to
 ``low_lr`` of the run's peak (``EgeriaConfig.speed``: 1/100 by default): a
 frozen module keeps the iterate it had, and under a schedule that decays continuously the
 end of training lowers the loss by annealing the weights while they hardly move, which the
@@ -49,11 +53,19 @@ from typing import Sequence
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["FrontRule", "Outlook", "RuleSettings", "at_most"]
+__all__ = ["FrontRule", "IDLE_SHARE", "Outlook", "RuleSettings", "at_most"]
 
 # Learning rates are products of factors (0.1 * 0.1 * lr is not 0.01 * lr in floats): a
 # rate this close above the bound is at it.
 _LR_SLACK = 1e-6
+
+
+#: A module reading at most this share of the most active watched module's plasticity is
+#: idle (docs/decisions/032-idle-modules.md): two orders of magnitude on the readings' own
+#: scale (the SP loss is scale-free, so modules' readings compare), where no module of the
+#: suite's runs trained from scratch, nor of its weakly pretrained GPT, reads idle (at 3/100
+#: the GPT's front does, and freezing it early costs).
+IDLE_SHARE = 0.01
 
 
 def at_most(share: float, bound: float) -> bool:
@@ -82,8 +94,11 @@ class RuleSettings:
         floor_ratio: a module also settles after W consecutive readings whose smoothed
             plasticity is at most this many times its smoothed floor (what it reads when it
             has not moved). None: floors are not compared (nor measured).
-        low_lr: a module that is not quiet freezes only at a learning rate at most this
-            share of the run's peak (None: any learning rate, as in the paper).
+        low_lr: a module that is neither quiet nor idle freezes only at a learning rate at
+            most this share of the run's peak (None: any learning rate, as in the paper).
+        idle_share: a module also settles after W consecutive evaluations whose smoothed
+            plasticity is at most this share of the largest smoothed plasticity among the
+            modules watched with it (:meth:`FrontRule.compare`; None: not compared).
     """
 
     window: int
@@ -92,6 +107,7 @@ class RuleSettings:
     regimes: bool = False
     floor_ratio: float | None = None
     low_lr: float | None = None
+    idle_share: float | None = None
 
 
 class Outlook:
@@ -170,6 +186,8 @@ class FrontRule:
         self.regimes = settings.regimes
         self.floor_ratio = settings.floor_ratio
         self.low_lr = settings.low_lr
+        self.idle_share = settings.idle_share
+        self.active: int | None = None  # the most active module at the latest compare()
         self.lr: float | None = None  # the learning rate of the latest reading
         self.peak: float | None = None  # the highest learning rate of the run known so far
         self.watches: dict[int, ModuleWatch] = {}
@@ -211,14 +229,40 @@ class FrontRule:
     def outlook(self, index: int) -> Outlook | None:
         return self.outlooks.get(index)
 
+    def compare(self, indices: Sequence[int]) -> dict[int, float]:
+        """An evaluation's readings of ``indices`` are in (each through :meth:`read`): each
+        module's smoothed plasticity as a share of the largest among them, and, with
+        ``idle_share``, the count of consecutive evaluations each read at most that share
+        (idle). A module alone, or one without a smoothed reading since the schedule's
+        last jump, is not idle; nor is any module while the most active one reads at its
+        floor (a share of readings that are all noise says nothing).
+
+        Returns:
+            module index -> its share of the most active module's smoothed plasticity.
+        """
+        latest = {i: self.watches[i].smoothed[-1] for i in indices if i in self.watches and self.watches[i].smoothed}
+        top = max(latest.values(), default=0.0)
+        self.active = max(latest, key=latest.__getitem__) if latest else None
+        shares = {i: value / top for i, value in latest.items()} if top > 0 else {}
+        moving = self.active is not None and self.watches[self.active].quiet == 0
+        if self.idle_share is not None:
+            for index in indices:
+                watch = self.watches.get(index)
+                if watch is None:
+                    continue
+                idle = moving and len(shares) > 1 and index in shares and shares[index] <= self.idle_share
+                watch.idle = watch.idle + 1 if idle else 0
+        return shares
+
     def settled(self, index: int) -> bool:
-        """The rule says freeze: W quiet readings (at the floor); or W stale readings and
-        (under Egeria's criterion) an outlook at most ``horizon`` of its largest at a
-        learning rate at most ``low_lr`` of the peak."""
+        """The rule says freeze: W quiet readings (at the floor) or W idle ones (at most
+        ``idle_share`` of the most active module's); or W stale readings and (under Egeria's
+        criterion) an outlook at most ``horizon`` of its largest at a learning rate at most
+        ``low_lr`` of the peak."""
         watch = self.watches.get(index)
         if watch is None or not watch.smoothed:
             return False
-        if self.quiet(index):
+        if self.quiet(index) or self.idle(index):
             return True
         if watch.stale < self.window:
             return False
@@ -246,6 +290,11 @@ class FrontRule:
         """Whether module ``index`` has read at its floor for W readings."""
         watch = self.watches.get(index)
         return watch is not None and watch.quiet >= self.window
+
+    def idle(self, index: int) -> bool:
+        """Whether module ``index`` has read idle for W evaluations."""
+        watch = self.watches.get(index)
+        return watch is not None and watch.idle >= self.window
 
     def settled_front(self, indices: Sequence[int]) -> int:
         """How many of ``indices`` (front first) have settled, counted from the front up to

@@ -1,0 +1,158 @@
+"""When would the rule freeze each module with and without the idle test, replayed on the suite's readings?
+
+The idle test (docs/decisions/032-idle-modules.md): a module whose smoothed plasticity stays
+at most ``IDLE_SHARE`` (1/100) of the most active watched module's for W evaluations freezes,
+however much learning rate is ahead. This replays the library's own rule
+(:class:`egeria.knowledge.rule.FrontRule`, the settings ``EgeriaConfig()`` gives) on the
+readings each committed Egeria run of the suite recorded, once with the idle test and once
+without, front first as the controller does (every watched module read, then compared, then
+the settled front frozen).
+
+A run's readings do not depend on the rule until its first freeze, so the replay stops there
+(a module that would not have frozen by then reads "not by step N"). Each reading's
+learning rate, the mass of its interval and the mass still ahead are the run's own (its rows
+record them); the peak is the reading's rate over its recorded share of the peak; floors are
+the raw ones recovered from the smoothed ones the rows carry.
+
+    .venv/bin/python benchmarks/studies/idle_replay.py [RUN.json ...]
+
+Prints the command, the machine and, per run, the steps each module would freeze at (with the
+share of the run there and the learning rate as a share of its peak) beside the run's own
+freezes; writes ``benchmarks/results/idle_replay/replay.json``. No training: seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "benchmarks/results/idle_replay/replay.json"
+TTA = "benchmarks/results/tta-full"
+#: The suite's Egeria runs whose readings carry floors: (a)-(f) and the inverse-square-root LM.
+SUITE = [
+    f"{TTA}/intel-avx512/cpu/resnet-fmnist/egeria-cache-seed0.json",
+    f"{TTA}/intel-avx512/cpu/resnet-fmnist/egeria-cache-seed1.json",
+    f"{TTA}/cpu/vgg-fmnist/egeria-cache-seed0.json",
+    f"{TTA}/cpu/vgg-fmnist/egeria-cache-seed1.json",
+    f"{TTA}/cpu/transformer-ptb-cosine/egeria-cache-seed0.json",
+    f"{TTA}/cpu/transformer-ptb-cosine/egeria-cache-seed1.json",
+    f"{TTA}/cpu/gpt-ptb-order/egeria-seed0.json",
+    f"{TTA}/cpu/gpt-ptb-order/egeria-seed1.json",
+    f"{TTA}/cpu/finetune-mnist/egeria-cache-seed0.json",
+    f"{TTA}/cpu/finetune-mnist/egeria-cache-seed1.json",
+    f"{TTA}/cpu/transformer-ptb/egeria-cache-seed0.json",
+    f"{TTA}/cpu/minilm-ptb-order/egeria-seed0.json",
+]
+
+
+def raw_floors(rows: list[dict], window: int) -> list[float | None]:
+    """Each row's raw floor, from the smoothed ones (the mean of a module's last W floors
+    since its watch last restarted): W times the smoothed floor less the W - 1 raw ones
+    before it; a row without a floor restarts the module's."""
+    raws: dict[str, list[float]] = defaultdict(list)
+    out: list[float | None] = []
+    for row in rows:
+        smoothed = row.get("floor")
+        if smoothed is None or not row.get("counted", True):
+            raws[row["module"]] = []
+            out.append(None)
+            continue
+        before = raws[row["module"]][-(window - 1):]
+        value = max((len(before) + 1) * smoothed - sum(before), 0.0)
+        raws[row["module"]].append(value)
+        out.append(value)
+    return out
+
+
+def replay(run: dict, settings, until: int | None) -> dict[str, int | None]:
+    """Module -> the step of the evaluation at which the rule would freeze it (None: not by
+    ``until``, or never)."""
+    from egeria.knowledge.rule import FrontRule
+
+    rows = run["plasticity"]
+    floors = raw_floors(rows, settings.window)
+    modules: list[str] = []
+    by_step: dict[int, list[tuple[dict, float | None]]] = defaultdict(list)
+    for row, floor in zip(rows, floors):
+        if row["module"] not in modules:
+            modules.append(row["module"])
+        by_step[row["step"]].append((row, floor))
+    rule = FrontRule(settings)
+    frozen_at: dict[str, int | None] = {m: None for m in modules}
+    front = 0
+    for step in sorted(by_step):
+        if until is not None and step > until:
+            break
+        readings = {row["module"]: (row, floor) for row, floor in by_step[step]}
+        watched = [i for i in range(front, len(modules)) if modules[i] in readings]
+        if not watched or watched[0] != front:
+            continue  # the run did not read the front module here
+        for i in watched:
+            row, floor = readings[modules[i]]
+            lr, share = row.get("lr"), row.get("lr_share")
+            peak = lr / share if lr and share else None
+            rule.read(i, row["plasticity"], lr, floor, mass=row.get("mass"), ahead=row.get("mass_ahead"), peak=peak)
+        rule.compare(watched)
+        count = rule.settled_front(watched)
+        for i in watched[:count]:
+            frozen_at[modules[i]] = step
+        if count:
+            front += count
+            rule.forget_before(front)
+    return frozen_at
+
+
+def main(argv: list[str] | None = None) -> int:
+    from egeria import EgeriaConfig
+    from egeria.bench.machine import describe_machine
+    from egeria.knowledge.policy import rule_settings
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", default=SUITE)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    command = shlex.join([".venv/bin/python", "benchmarks/studies/idle_replay.py", *(sys.argv[1:] if argv is None else argv)])
+    print("command:", command)
+    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    settings = rule_settings(EgeriaConfig())
+    variants = {"with the idle test": settings, "without": dataclasses.replace(settings, idle_share=None)}
+    results = []
+    for path in args.runs:
+        run = json.loads((ROOT / path).read_text())
+        total = run["total_steps"]
+        first = next((e["step"] for e in run.get("events", []) if e.get("action") == "freeze"), None)
+        own = {m: e["step"] for e in run.get("events", []) if e.get("action") == "freeze" for m in e["modules"]}
+        print(f"\n{path} ({run['task']}, seed {run['seed']}, {total} steps): its own freezes "
+              + (", ".join(f"{m} {s}" for m, s in own.items()) or "none")
+              + ("; replayed to the end" if first is None else f"; replayed until step {first}"))
+        entry = {"run": path, "task": run["task"], "seed": run["seed"], "total_steps": total, "replayed_until": first,
+                 "own_freezes": own, "replays": {}}
+        lr_share = {r["step"]: r.get("lr_share") for r in run["plasticity"]}
+        for name, variant in variants.items():
+            frozen = replay(run, variant, first)
+            cells = []
+            for module, step in frozen.items():
+                if step is None:
+                    cells.append(f"{module} {'never' if first is None else 'not by ' + str(first)}")
+                else:
+                    share = lr_share.get(step)
+                    cells.append(f"{module} {step} ({step / total:.0%} of the run"
+                                 + (f", lr {share:.2g} of its peak)" if share is not None else ")"))
+            entry["replays"][name] = frozen
+            print(f"  {name:<20}" + "; ".join(cells))
+        results.append(entry)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": command, "machine": describe_machine(),
+                                    "idle_share": settings.idle_share, "results": results}, indent=1) + "\n")
+    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
