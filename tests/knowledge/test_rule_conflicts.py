@@ -80,7 +80,7 @@ def _cosine_run(caplog, speed, steps: int = 700) -> egeria.Egeria:
 
 
 @pytest.mark.parametrize("speed", ["safe", "fast"])
-def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(caplog, speed):
+def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(caplog, speed, no_idle):
     """About 700 steps of warm-up and cosine, n=20: the rate halves between the last
     readings, which once restarted every watch so that nothing froze; now the modules'
     watches go on and they freeze once the rate is at the speed's bound."""
@@ -96,7 +96,7 @@ def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(capl
     assert not [r for r in caplog.records if "with nothing frozen" in r.getMessage()]
 
 
-def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplog):
+def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplog, no_idle):
     """At 1/100 of the peak a 319-step run (a 269-step cosine) has its last 17 steps, and
     no reading of n=20 comes there (at 300 the rate is above it, 320 is past the end):
     nothing still learning freezes, and the warning says so, not that the schedule is
