@@ -96,36 +96,33 @@ class RawFloors:
         return value
 
 
-def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, int | None]:
-    """Module -> the step of the evaluation at which it would freeze (None: not by ``until``)."""
-    from egeria.knowledge.rule import FrontRule, RuleSettings
+def replay_front(run: dict, rule, until: int | None, inputs_at) -> dict[str, int | None]:
+    """Module -> the step of the evaluation at which ``rule`` (a
+    :class:`egeria.knowledge.rule.FrontRule`) would freeze it on the run's recorded readings
+    (None: not by ``until``, or never), front first as the controller does: every watched
+    module read, the readings compared, the settled front frozen and forgotten.
 
-    modules = []
+    ``inputs_at(step, rows)`` is called at every evaluation with its rows by module and
+    returns, for a module, the keyword arguments of :meth:`FrontRule.read` besides the
+    plasticity (learning rate, floor, mass, mass ahead, ...); it is asked only for the
+    modules read."""
+    modules = list(dict.fromkeys(row["module"] for row in run["plasticity"]))
     by_step: dict[int, dict[str, dict]] = defaultdict(dict)
     for row in run["plasticity"]:
-        if row["module"] not in modules:
-            modules.append(row["module"])
         by_step[row["step"]][row["module"]] = row
-    rule = FrontRule(RuleSettings(WINDOW, TOLERANCE_RATIO, horizon=horizon, regimes=True, floor_ratio=FLOOR_RATIO))
-    floors = RawFloors()
     frozen_at: dict[str, int | None] = {m: None for m in modules}
-    front, previous = 0, None
+    front = 0
     for step in sorted(by_step):
         if until is not None and step > until:
             break
         readings = by_step[step]
+        inputs = inputs_at(step, readings)
         watched = [i for i in range(front, len(modules)) if modules[i] in readings]
-        # Steps count from 1: the reading of step s spans steps previous+1 .. s, whose
-        # learning rates are the schedule's entries previous .. s-1.
-        mass = None if previous is None else schedule.lr_sum(previous, step)
-        previous = step
         if not watched or watched[0] != front:
             continue  # the run did not read the front module here
         for i in watched:
-            row = readings[modules[i]]
-            lr = schedule.lr(step - 1)
-            floor = floors.raw(modules[i], row.get("floor"), lr)
-            rule.read(i, row["plasticity"], lr, floor, mass=mass, ahead=schedule.lr_sum(step))
+            rule.read(i, readings[modules[i]]["plasticity"], **inputs(modules[i]))
+        rule.compare(watched)
         count = rule.settled_front(watched)
         for i in watched[:count]:
             frozen_at[modules[i]] = step
@@ -133,6 +130,27 @@ def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, 
             front += count
             rule.forget_before(front)
     return frozen_at
+
+
+def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, int | None]:
+    """Module -> the step of the evaluation at which it would freeze (None: not by ``until``)."""
+    from egeria.knowledge.rule import FrontRule, RuleSettings
+
+    rule = FrontRule(RuleSettings(WINDOW, TOLERANCE_RATIO, horizon=horizon, regimes=True, floor_ratio=FLOOR_RATIO))
+    floors = RawFloors()
+    previous = None
+
+    def inputs_at(step: int, readings: dict[str, dict]):
+        nonlocal previous
+        # Steps count from 1: the reading of step s spans steps previous+1 .. s, whose
+        # learning rates are the schedule's entries previous .. s-1.
+        mass = None if previous is None else schedule.lr_sum(previous, step)
+        previous = step
+        lr = schedule.lr(step - 1)
+        return lambda module: {"lr": lr, "floor": floors.raw(module, readings[module].get("floor"), lr),
+                               "mass": mass, "ahead": schedule.lr_sum(step)}
+
+    return replay_front(run, rule, until, inputs_at)
 
 
 def main() -> int:
