@@ -262,7 +262,7 @@ def test_serving_stops_where_reading_is_slower_than_computing(monkeypatch, caplo
     """Served forward passes measured slower than computed ones: after its trial the cache
     computes. The measured times are replaced by forced ones at the decision (a wall-clock
     race between a slowed read and a forward pass would depend on the machine's load)."""
-    from egeria.cache.manager import ActivationCache
+    from egeria.cache.manager import _TIMING_SAMPLES, ActivationCache
 
     decide = ActivationCache._decide
 
@@ -276,8 +276,11 @@ def test_serving_stops_where_reading_is_slower_than_computing(monkeypatch, caplo
     with caplog.at_level(logging.INFO, logger="egeria"):
         cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=6, cache={"serve": "auto", "prefetch": 0})
     assert_same(plain, cached)
-    assert 3 <= stats["served"] <= 4, stats  # the trial, then computing
+    # the chain check's batch (not timed), the timed trial, then computing
+    assert _TIMING_SAMPLES + 1 <= stats["served"] <= _TIMING_SAMPLES + 2, stats
     assert any("computing is cheaper" in r.getMessage() for r in caplog.records)
+    (decision,) = stats["decisions"]
+    assert decision["serving"] is False and decision["serve_ms"] == 1000.0 and decision["compute_ms"] == 1.0
 
 
 def test_bad_cache_options_name_the_value():
@@ -293,11 +296,42 @@ def test_bad_cache_options_name_the_value():
     eg.close()
 
 
+def test_serving_is_weighed_against_the_computing_just_before_it_not_the_chain_check(monkeypatch):
+    """The trial times the served forward passes after the one that ran the chain check (two
+    forward passes of its own), and weighs them against the passes computed just before
+    serving began: here the level's early history computed fast (1 ms) and its last passes
+    slowly (2 s), as under a load that came later; served at 1 s, serving wins. Timings
+    forced at the decision, as above."""
+    from egeria.cache.manager import _TIMING_SAMPLES, ActivationCache
+
+    decide, seen = ActivationCache._decide, []
+
+    def decide_on_forced_timings(self, level):
+        if len(level.serve_s) >= _TIMING_SAMPLES and not seen:
+            seen.append((self.stats["served"], len(level.serve_s), len(level.compute_s)))
+            level.compute_s = [0.001] * 100 + [2.0] * _TIMING_SAMPLES
+            level.serve_s = [1.0] * _TIMING_SAMPLES
+        decide(self, level)
+
+    monkeypatch.setattr(ActivationCache, "_decide", decide_on_forced_timings)
+    plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
+    cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=6, cache={"serve": "auto", "prefetch": 0})
+    assert_same(plain, cached)
+    served_then, timed, computed = seen[0]
+    assert timed == _TIMING_SAMPLES and served_then == _TIMING_SAMPLES + 1  # the checked batch not among them
+    assert computed >= 1
+    (decision,) = stats["decisions"]
+    assert decision["serving"] is True and decision["compute_ms"] == 2000.0
+    assert stats["served"] > 2 * _TIMING_SAMPLES  # it went on serving
+
+
 def test_a_write_still_pending_when_its_level_is_turned_off_is_dropped_not_recreated():
     """The boundary output of a recording forward is written at the next forward's start.
     A level turned off in between (computing measured cheaper, decided here from forced
     timings) must stay closed: the pending write is dropped, no table is made again, and
     training goes on exactly as without the cache."""
+    from egeria.cache.manager import _TIMING_SAMPLES
+
     turned_off = []
 
     def on_step(eg, step):
@@ -305,7 +339,7 @@ def test_a_write_still_pending_when_its_level_is_turned_off_is_dropped_not_recre
         if turned_off or cache._unwritten is None:
             return
         level = cache._unwritten[0]
-        level.compute_s, level.serve_s = [0.001] * 3, [1.0] * 3  # serving measured slower
+        level.compute_s, level.serve_s = [0.001] * _TIMING_SAMPLES, [1.0] * _TIMING_SAMPLES  # serving measured slower
         cache._decide(level)
         assert level.off is not None and level.tables is None
         cache._flush()  # the pending write: dropped

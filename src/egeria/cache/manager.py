@@ -17,8 +17,9 @@ Safety, checked per level: the model must be a chain at the boundary (checked on
 running one batch both ways in eval mode and comparing the model's outputs); the
 boundary output must be batch-first; the prefix must not read a tied weight that a
 trainable module still changes (:attr:`~egeria.partition.LayerModule.detached`); serving
-must be cheaper than computing (the first served forward passes are timed against those that computed the prefix; when serving is
-not faster the level is dropped, keeps computing, and the choice is logged); the table must fit the memory or the disk limit, and
+must be cheaper than computing (the first served forward passes are timed against the forward passes computed just before
+them, so a load on the machine that comes and goes weighs on both alike; the one that ran the chain check is not timed; when
+serving is not faster the level is dropped and keeps computing; the choice is logged and kept in :meth:`ActivationCache.summary`); the table must fit the memory or the disk limit, and
 a table on disk the free space of its folder (else the level computes, with one warning naming the folder and the bytes). Any unfreeze
 drops every level. A corrupt row is recomputed; a failed write turns caching off with one
 warning. None of these change what the model computes.
@@ -58,7 +59,7 @@ __all__ = ["ActivationCache"]
 
 logger = logging.getLogger(__name__)
 
-_TIMING_SAMPLES = 3
+_TIMING_SAMPLES = 5  # served forward passes timed, against as many computed just before them
 
 
 class _Level:
@@ -182,6 +183,7 @@ class ActivationCache:
         self._self_forward = False
         self._spec_handles: list = []  # output-shape hooks of the forward pass being recorded
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
+        self.decisions: list[dict] = []  # each level's timed choice between serving and computing
         self.stats = {"served": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
         self._handles = [
             mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)),
@@ -251,11 +253,13 @@ class ActivationCache:
         self.stats["batches"] += 1
         started = Stopwatch(_device(self.model))
         if level.has(keys) and level.serving is not False:
+            checked_now = level.validated is None
             output = self._cached(level, keys, args, kwargs)
             if output is not None:
                 self._stubs = install_stubs(self.model, level.blocks, level.boundary, output, level.specs, batch)
                 self.stats["served"] += 1
-                self._timing = (level, "serve", started)
+                if not checked_now:  # the chain check's own two forward passes are not serving's cost
+                    self._timing = (level, "serve", started)
                 return
         older = self._older_with(keys, level)
         if older is not None:
@@ -302,9 +306,11 @@ class ActivationCache:
                 self.stats["batches"] += 1
                 if level.has(keys) and level.serving is not False:
                     output = self._cached(level, keys, args, kwargs, check=False)
+        checked_now = False
         if not self._agree(output is not None):
             output = None
         elif level.validated is None:  # every rank runs the same two forward passes
+            checked_now = True
             level.validated = self._agree(self._validate(level, args, kwargs, len(keys)))
             if not level.validated and level.off is None:
                 level.off = f"the model is not a chain at {level.boundary} on another rank"
@@ -314,7 +320,8 @@ class ActivationCache:
                 self.model, level.blocks, level.boundary, output, level.specs, len(keys), level.units(self.model)
             )
             self.stats["served"] += 1
-            self._timing = (level, "serve", started)
+            if not checked_now:
+                self._timing = (level, "serve", started)
             return
         if level is None or level.off is not None or self.off:
             return
@@ -375,6 +382,8 @@ class ActivationCache:
                 waiting.append((level, kind, watch, write_s))
                 continue
             if kind == "compute":
+                if level.serve_s:  # the trial compares serving with the computing just before it
+                    continue
                 level.compute_s.append(seconds - write_s)  # the cache's own copy excluded
             else:
                 level.serve_s.append(seconds)
@@ -563,15 +572,29 @@ class ActivationCache:
         return ok
 
     def _decide(self, level: _Level) -> None:
-        """Serve or compute, once both have been timed a few times: the median forward
-        pass served from the cache against the median with the prefix computed."""
-        if len(level.compute_s) < _TIMING_SAMPLES or len(level.serve_s) < _TIMING_SAMPLES:
+        """Serve or compute, once serving has been timed a few times: the median forward
+        pass served from the cache against the median of as many computed just before the
+        first of them (not the level's whole history: a load that came and went since the
+        level began recording would decide the choice, not the cache)."""
+        if len(level.serve_s) < _TIMING_SAMPLES:
             return
-        compute, serve = statistics.median(level.compute_s), statistics.median(level.serve_s)
+        serve = statistics.median(level.serve_s)
+        if not level.compute_s:  # every recording pass ran through an older level: nothing to weigh
+            level.serving = True
+            self.decisions.append({"boundary": level.boundary, "frozen": level.frozen,
+                                   "serve_ms": round(1e3 * serve, 2), "compute_ms": None, "serving": True})
+            logger.info("activation cache for %s: serving from the cache (no forward pass computed its whole prefix "
+                        "to compare with)", level.boundary)
+            return
+        compute = statistics.median(level.compute_s[-_TIMING_SAMPLES:])
         level.serving = serve < compute
+        self.decisions.append({
+            "boundary": level.boundary, "frozen": level.frozen, "serve_ms": round(1e3 * serve, 2),
+            "compute_ms": round(1e3 * compute, 2), "serving": level.serving,
+        })
         logger.info(
             "activation cache for %s: a forward pass takes %.1f ms served from the cache, %.1f ms computing the "
-            "prefix: %s", level.boundary, 1e3 * serve, 1e3 * compute,
+            "prefix just before: %s", level.boundary, 1e3 * serve, 1e3 * compute,
             "serving from the cache" if level.serving else "computing is cheaper, computing",
         )
         if not level.serving:
@@ -608,6 +631,7 @@ class ActivationCache:
             "prefetch_hit_rate": self.stats["prefetch_hits"] / served if served else None,
             "off": self.off,
             "directory": self.directory,  # where disk tables go (their files are unlinked once open)
+            "decisions": list(self.decisions),  # a level's times and choice outlive the level
             "levels": {
                 lv.boundary: {
                     "frozen": lv.frozen,
