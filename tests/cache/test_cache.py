@@ -141,6 +141,63 @@ def test_blocks_with_masks_and_tuple_outputs_are_skipped_too():
     assert stats["served"] >= 8, stats
 
 
+def test_a_batch_held_in_part_is_served_in_part_with_the_same_losses_and_gradients(caplog):
+    """Frozen at step 3 of 6 per epoch, the next epoch's shuffled batches mix rows recorded
+    since the freeze with rows not seen since: the prefix runs on the missing rows only, the
+    others come from the cache, and every loss and gradient is the uncached run's; the rows
+    computed so are recorded, so the epoch after is served whole."""
+    plain, _ = run(HFModel, images_5x6(), {3: 2}, epochs=4)
+    with caplog.at_level(logging.INFO, logger="egeria"):
+        cached, stats = run(HFModel, images_5x6(), {3: 2}, epochs=4, cache={"prefetch": 0})
+    assert_same(plain, cached)
+    assert stats["partly"] >= 3 and stats["served"] >= 6, stats
+    assert stats["served"] + stats["partly"] + stats["computed"] == stats["batches"]
+    assert any("served in part" in r.getMessage() for r in caplog.records)
+
+
+class BatchMean(nn.Module):
+    """A frozen block whose rows depend on the whole batch: not per sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h - h.mean(dim=0, keepdim=True)
+
+
+def test_a_prefix_whose_rows_depend_on_the_batch_is_never_served_in_part(caplog):
+    """Running such a prefix on some rows gives other rows: the check of the first batch held
+    in part sees the model's outputs differ, and batches held in part are computed whole (the
+    run's losses and gradients are the uncached run's)."""
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.front = BatchMean()
+            self.layers = nn.ModuleList(HFBlock(8) for _ in range(2))
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.front(x)
+            for layer in self.layers:
+                h = layer(h)[0]
+            return self.head(h.mean(1))
+
+    plain, _ = run(Model, images_5x6(), {3: 1}, epochs=2)  # the epoch after the freeze: held in part only
+    with caplog.at_level(logging.INFO, logger="egeria"):
+        cached, stats = run(Model, images_5x6(), {3: 1}, epochs=2, cache={"prefetch": 0})
+    assert_same(plain, cached)
+    assert stats["partly"] == 0, stats
+    assert any("computed whole" in r.getMessage() for r in caplog.records)
+
+
+def images_5x6(n: int = 96):
+    g = torch.Generator().manual_seed(1)
+    return torch.utils.data.TensorDataset(torch.randn(n, 5, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
 def disk_files(eg):
     """(descriptor, bytes per row) of each disk table: their files are unlinked once open."""
     return [(t.fd, t.stride) for lv in eg._cache.levels.values() for t in lv.tables or [] if t.kind == "disk"]
@@ -276,8 +333,10 @@ def test_serving_stops_where_reading_is_slower_than_computing(monkeypatch, caplo
     with caplog.at_level(logging.INFO, logger="egeria"):
         cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=6, cache={"serve": "auto", "prefetch": 0})
     assert_same(plain, cached)
-    # the chain check's batch (not timed), the timed trial, then computing
-    assert _TIMING_SAMPLES + 1 <= stats["served"] <= _TIMING_SAMPLES + 2, stats
+    # the trial (served whole or in part; the batch of each check and those held less than
+    # half not timed), then computing
+    assert _TIMING_SAMPLES + 1 <= stats["served"] + stats["partly"] <= 2 * _TIMING_SAMPLES + 2, stats
+    assert stats["computed"] >= stats["batches"] - 2 * _TIMING_SAMPLES - 2, stats
     assert any("computing is cheaper" in r.getMessage() for r in caplog.records)
     (decision,) = stats["decisions"]
     assert decision["serving"] is False and decision["serve_ms"] == 1000.0 and decision["compute_ms"] == 1.0
@@ -301,7 +360,8 @@ def test_serving_is_weighed_against_the_computing_just_before_it_not_the_chain_c
     forward passes of its own), and weighs them against the passes computed just before
     serving began: here the level's early history computed fast (1 ms) and its last passes
     slowly (2 s), as under a load that came later; served at 1 s, serving wins. Timings
-    forced at the decision, as above."""
+    forced at the decision, as above; batches held in part computed whole here, so that
+    the served ones are whole batches."""
     from egeria.cache.manager import _TIMING_SAMPLES, ActivationCache
 
     decide, seen = ActivationCache._decide, []
@@ -314,6 +374,7 @@ def test_serving_is_weighed_against_the_computing_just_before_it_not_the_chain_c
         decide(self, level)
 
     monkeypatch.setattr(ActivationCache, "_decide", decide_on_forced_timings)
+    monkeypatch.setattr(ActivationCache, "_serve_part", lambda self, *args: False)
     plain, _ = run(tiny_cnn, images(), {3: 2}, epochs=6)
     cached, stats = run(tiny_cnn, images(), {3: 2}, epochs=6, cache={"serve": "auto", "prefetch": 0})
     assert_same(plain, cached)

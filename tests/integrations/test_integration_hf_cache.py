@@ -124,7 +124,7 @@ def test_the_cache_serves_the_frozen_prefix_with_the_trainers_batches_and_output
     stats = eg.cache_stats
     # step 13's micro-batches are served (level 2 complete after epoch 2), the deeper level is built from it
     assert stats["served"] >= 2 and stats["chained"] >= 1, stats
-    assert stats["served"] + stats["computed"] == stats["batches"] == STEPS * 2 - 2 * 2  # micro-batches after the first freeze
+    assert stats["served"] + stats["partly"] + stats["computed"] == stats["batches"] == STEPS * 2 - 2 * 2  # micro-batches after the first freeze
     # The Trainer's shuffling and collation are intact, the keys never reach the model...
     assert len(cached.inputs) == len(plain.inputs) == STEPS * 2
     for got, expected in zip(cached.inputs, plain.inputs):

@@ -105,8 +105,9 @@ class CacheLoading:
 
     @property
     def cache_stats(self) -> dict:
-        """The activation cache's counts (batches served, computed, prefetch hit rate) and
-        each cache level's tier, size and choice; empty without :meth:`cache_loader`."""
+        """The activation cache's counts (batches served whole, served in part, computed; prefetch hit rate),
+        each cache level's tier, size and choice, and each timed choice to serve or compute
+        (``decisions``); empty without :meth:`cache_loader`."""
         return {} if self._cache is None else self._cache.summary()
 
     def cache_loader(

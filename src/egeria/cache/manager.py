@@ -12,6 +12,13 @@ function of the sample (frozen weights, BatchNorm and dropout locked in eval mod
 * **serving**: a batch whose keys are all present skips the prefix: its blocks are
   stubbed for that call and the boundary block returns the cached output, read ahead by
   the prefetcher.
+* **serving in part**: a batch the level holds some rows of (after a freeze, the next epoch's
+  batches, shuffled, mix rows recorded since the freeze with rows not yet seen) runs the
+  prefix on its missing rows only and takes the others from the cache; the computed rows are
+  recorded. Checked once per level by running such a batch both ways (whole, and in part
+  with the whole run's own rows), since slicing a block's inputs to some rows assumes each of
+  its batch-first inputs is per sample; where the outputs differ, such batches are computed
+  whole.
 
 Safety, checked per level: the model must be a chain at the boundary (checked once by
 running one batch both ways in eval mode and comparing the model's outputs); the
@@ -43,6 +50,7 @@ import statistics
 import time
 from typing import Any, Callable, ContextManager
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,7 +60,9 @@ from ..partition import Partition
 from ..wrappers import fsdp2_units
 from .batchkeys import KEYS
 from .prefetch import Prefetcher
-from .skip import Spec, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of
+from .skip import (
+    Spec, install_part_stubs, install_stubs, leaves, rebuild, remove_stubs, same_outputs, stubbed, template_of,
+)
 from .store import CorruptRows, DiskTable, MemoryTable, StoreFull, Table, disk_folder
 
 __all__ = ["ActivationCache"]
@@ -73,6 +83,7 @@ class _Level:
         self.template: Any = None
         self.specs: dict[str, Spec] = {}
         self.validated: bool | None = None
+        self.sliceable: bool | None = None  # may a batch held in part be served in part (checked once)
         self.serving: bool | None = None  # None: on trial (served, timed) until decided
         self.compute_s: list[float] = []  # forward passes with the whole prefix computed
         self.serve_s: list[float] = []  # forward passes served from the cache
@@ -94,6 +105,13 @@ class _Level:
 
     def has(self, keys: list[int]) -> bool:
         return self.tables is not None and self.off is None and all(t.has(keys) for t in self.tables)
+
+    def held(self, keys: list[int]) -> np.ndarray:
+        """Which of ``keys`` the level holds, one bool each."""
+        if self.tables is None or self.off is not None:
+            return np.zeros(len(keys), dtype=bool)
+        rows = np.asarray(keys)
+        return np.logical_and.reduce([t.written[rows] for t in self.tables])
 
     @property
     def complete(self) -> bool:
@@ -184,7 +202,7 @@ class ActivationCache:
         self._spec_handles: list = []  # output-shape hooks of the forward pass being recorded
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
         self.decisions: list[dict] = []  # each level's timed choice between serving and computing
-        self.stats = {"served": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
+        self.stats = {"served": 0, "partly": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
         self._handles = [
             mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)),
             mark(model.register_forward_hook(self._on_forward_end, always_call=True)),
@@ -267,6 +285,8 @@ class ActivationCache:
             if output is not None:
                 self._stubs = install_stubs(self.model, older.blocks, older.boundary, output, older.specs, batch)
                 self.stats["chained"] += 1
+        elif self._serve_part(level, keys, args, kwargs, batch, started):
+            return
         self.stats["computed"] += 1
         self._recording = (level, keys)
         self._write_s = 0.0
@@ -544,6 +564,76 @@ class ActivationCache:
             if not level.validated:
                 return None
         return output if level.serving is not False else None
+
+    def _serve_part(self, level: _Level, keys: list[int], args: tuple, kwargs: dict, batch: int, started: Stopwatch) -> bool:
+        """Serves the rows of the batch the level holds and runs the prefix on the others,
+        recording them; False when the batch is to be computed whole (the level holds none of
+        it, or all of it, serving lost its trial, or serving in part failed its check). A
+        batch served at least half from the cache is timed as served."""
+        if level.serving is False or level.sliceable is False or level.validated is False or level.tables is None:
+            return False
+        held = level.held(keys)
+        if not held.any() or held.all():
+            return False
+        there, missing = np.flatnonzero(held).tolist(), np.flatnonzero(~held).tolist()
+        try:
+            output, pending = self._read(level, [keys[i] for i in there])
+        except CorruptRows as err:
+            self.stats["corrupt"] += 1
+            logger.warning("activation cache: %s; recomputing the batch", err)
+            for table in level.tables or []:
+                table.forget(keys)
+            return False
+        for tensor, event in pending:
+            wait_for(tensor, event)
+        checked_now = level.sliceable is None
+        if checked_now and not self._check_part(level, args, kwargs, batch, there, missing):
+            return False
+        computed_keys = [keys[i] for i in missing]
+
+        def record(rows: Any) -> None:  # written at the next forward's start, as a recorded batch is
+            self._unwritten = (level, computed_keys, HostCopy(rows))
+
+        self._stubs = install_part_stubs(
+            self.model, level.blocks, level.boundary, leaves(output), there, missing, batch, record
+        )
+        self.stats["partly"] += 1
+        if not checked_now and 2 * len(there) >= batch:
+            self._timing = (level, "serve", started)
+        return True
+
+    def _check_part(self, level: _Level, args: tuple, kwargs: dict, batch: int, there: list[int], missing: list[int]) -> bool:
+        """Runs the batch whole and in part (eval mode, no gradients), the part's held rows
+        taken from the whole run's own boundary output: do the model's outputs agree? Sets
+        ``level.sliceable``; a model that does not (a block input that is batch-sized but not
+        per sample) has such batches computed whole, and the level serves whole batches still."""
+        self._self_forward = True
+        exact: list[Any] = []
+        boundary = self.model.get_submodule(level.boundary)
+        handle = mark(boundary.register_forward_hook(lambda m, a, out: exact.append(out)))
+        try:
+            with self._eval_forward():
+                full = self.model(*args, **kwargs)
+                handle.remove()
+                rows = [t[there] for t in leaves(exact[0])]
+                stubs = install_part_stubs(self.model, level.blocks, level.boundary, rows, there, missing, batch)
+                try:
+                    part = self.model(*args, **kwargs)
+                finally:
+                    remove_stubs(stubs)
+        except Exception as err:
+            ok, why = False, f"{type(err).__name__}: {err}"
+        else:
+            ok, why = same_outputs(full, part), "running the prefix on some rows gives other model outputs"
+        finally:
+            handle.remove()
+            self._self_forward = False
+        level.sliceable = ok
+        if ok:
+            logger.info("activation cache for %s: a batch held in part is served in part", level.boundary)
+        else:
+            logger.info("activation cache for %s: a batch held in part is computed whole (%s)", level.boundary, why)
+        return ok
 
     def _validate(self, level: _Level, args: tuple, kwargs: dict, batch: int) -> bool:
         """Runs the batch both ways (eval mode, no gradients): is the model a chain here?"""

@@ -8,6 +8,11 @@ model's own ``forward`` between blocks (activations, adding position embeddings,
 for later blocks) still runs. Whether the model really is a chain at the boundary is
 checked once per boundary by :func:`same_outputs`. Under FSDP2 the units wholly inside the
 prefix also skip FSDP2's hooks for that call: their parameters are not gathered.
+
+A batch the cache holds only some rows of is served in part (:func:`install_part_stubs`):
+each prefix block runs on the rows still missing only (its batch-first inputs sliced to
+them), and the boundary block puts its computed rows and the cached ones back together, in
+the batch's order.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from torch import nn
 from ..nested import leaves, map_leaves, map_tensors
 from ..wrappers import fsdp2_hook
 
-__all__ = ["template_of", "Spec", "spec_of", "install_stubs", "remove_stubs", "stubbed", "leaves", "rebuild", "same_outputs"]
+__all__ = [
+    "template_of", "Spec", "spec_of", "install_stubs", "install_part_stubs", "remove_stubs", "stubbed", "leaves",
+    "rebuild", "same_outputs",
+]
 
 
 class _Slot:
@@ -88,6 +96,65 @@ def install_stubs(
         unit._forward_hooks = type(unit._forward_hooks)((k, h) for k, h in unit._forward_hooks.items() if not fsdp2_hook(h))
         replaced.append(unit)
     return replaced
+
+
+def install_part_stubs(
+    model: nn.Module, blocks: Sequence[str], boundary: str, cached: Sequence[torch.Tensor], there: Sequence[int],
+    missing: Sequence[int], batch: int, computed: Callable[[Any], None] | None = None,
+) -> list[nn.Module]:
+    """Makes ``blocks`` of ``model`` run on the batch's rows ``missing`` only: each block's
+    batch-first tensor inputs are sliced to those rows, its real forward runs on them, and
+    its output is widened back to ``batch`` rows (zeros in the rows ``there``, which only
+    the next block of the chain reads, and which it drops again); the ``boundary`` block fills
+    the rows ``there`` from ``cached`` (its output's tensors, rows ``there`` only, in order)
+    and hands its computed rows to ``computed`` first. Returns the modules to hand to
+    :func:`remove_stubs`."""
+    replaced: list[nn.Module] = []
+    for name in blocks:
+        module = model.get_submodule(name)
+        module.forward = _on_rows(
+            module.forward, there, missing, batch, cached if name == boundary else None, computed if name == boundary else None
+        )
+        replaced.append(module)
+    return replaced
+
+
+def _on_rows(
+    forward: Callable[..., Any], there: Sequence[int], missing: Sequence[int], batch: int,
+    cached: Sequence[torch.Tensor] | None, computed: Callable[[Any], None] | None,
+) -> Callable[..., Any]:
+    indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rows(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in indices:
+            indices[device] = (torch.tensor(missing, device=device), torch.tensor(there, device=device))
+        return indices[device]
+
+    def narrow(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, rows(t.device)[0]) if t.dim() > 0 and t.shape[0] == batch else t
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = map_tensors((args, kwargs), narrow)
+        output = forward(*args, **kwargs)
+        if computed is not None:
+            computed(output)
+        tensors = leaves(output)
+        if cached is not None and len(cached) != len(tensors):
+            raise RuntimeError(f"the cached output has {len(cached)} tensors, the block returned {len(tensors)}")
+        wide = []
+        for i, t in enumerate(tensors):
+            if t.dim() == 0 or t.shape[0] != len(missing):
+                wide.append(t)  # not per sample: as it is
+                continue
+            out = t.new_zeros((batch, *t.shape[1:]))
+            take, keep = rows(t.device)
+            out = out.index_copy(0, take, t)
+            if cached is not None:
+                out = out.index_copy(0, keep, cached[i].to(t.device, t.dtype))
+            wide.append(out)
+        return rebuild(template_of(output), wide)
+
+    return run
 
 
 def remove_stubs(modules: Sequence[nn.Module]) -> None:
