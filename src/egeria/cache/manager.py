@@ -48,6 +48,7 @@ import os
 import shutil
 import statistics
 import time
+from collections import deque
 from typing import Any, Callable, ContextManager
 
 import numpy as np
@@ -85,7 +86,8 @@ class _Level:
         self.validated: bool | None = None
         self.sliceable: bool | None = None  # may a batch held in part be served in part (checked once)
         self.serving: bool | None = None  # None: on trial (served, timed) until decided
-        self.compute_s: list[float] = []  # forward passes with the whole prefix computed
+        # the last forward passes with the whole prefix computed (the trial weighs only those)
+        self.compute_s: deque[float] = deque(maxlen=_TIMING_SAMPLES)
         self.serve_s: list[float] = []  # forward passes served from the cache
         self.off: str | None = None  # why this level caches nothing
         self.inputs: list[tuple[int, ...]] | None = None  # per-sample shapes of the model's inputs
@@ -554,16 +556,20 @@ class ActivationCache:
             for tensor, event in pending:
                 wait_for(tensor, event)
         if error is not None:
-            self.stats["corrupt"] += 1
-            logger.warning("activation cache: %s; recomputing the batch", error)
-            for table in level.tables or []:
-                table.forget(keys)
+            self._forget_corrupt(level, keys, error)
             return None
         if level.validated is None and check:
             level.validated = self._validate(level, args, kwargs, len(keys))
             if not level.validated:
                 return None
         return output if level.serving is not False else None
+
+    def _forget_corrupt(self, level: _Level, keys: list[int], error: CorruptRows) -> None:
+        """A read of ``keys`` found a corrupt row: the batch is computed, and its rows recorded again."""
+        self.stats["corrupt"] += 1
+        logger.warning("activation cache: %s; recomputing the batch", error)
+        for table in level.tables or []:
+            table.forget(keys)
 
     def _serve_part(self, level: _Level, keys: list[int], args: tuple, kwargs: dict, batch: int, started: Stopwatch) -> bool:
         """Serves the rows of the batch the level holds and runs the prefix on the others,
@@ -579,10 +585,7 @@ class ActivationCache:
         try:
             output, pending = self._read(level, [keys[i] for i in there])
         except CorruptRows as err:
-            self.stats["corrupt"] += 1
-            logger.warning("activation cache: %s; recomputing the batch", err)
-            for table in level.tables or []:
-                table.forget(keys)
+            self._forget_corrupt(level, keys, err)
             return False
         for tensor, event in pending:
             wait_for(tensor, event)
@@ -607,27 +610,13 @@ class ActivationCache:
         taken from the whole run's own boundary output: do the model's outputs agree? Sets
         ``level.sliceable``; a model that does not (a block input that is batch-sized but not
         per sample) has such batches computed whole, and the level serves whole batches still."""
-        self._self_forward = True
-        exact: list[Any] = []
-        boundary = self.model.get_submodule(level.boundary)
-        handle = mark(boundary.register_forward_hook(lambda m, a, out: exact.append(out)))
-        try:
-            with self._eval_forward():
-                full = self.model(*args, **kwargs)
-                handle.remove()
-                rows = [t[there] for t in leaves(exact[0])]
-                stubs = install_part_stubs(self.model, level.blocks, level.boundary, rows, there, missing, batch)
-                try:
-                    part = self.model(*args, **kwargs)
-                finally:
-                    remove_stubs(stubs)
-        except Exception as err:
-            ok, why = False, f"{type(err).__name__}: {err}"
-        else:
-            ok, why = same_outputs(full, part), "running the prefix on some rows gives other model outputs"
-        finally:
-            handle.remove()
-            self._self_forward = False
+        ok, why = self._both_ways(
+            args, kwargs, level.boundary,
+            lambda exact: install_part_stubs(
+                self.model, level.blocks, level.boundary, [t[there] for t in leaves(exact)], there, missing, batch
+            ),
+            "running the prefix on some rows gives other model outputs",
+        )
         level.sliceable = ok
         if ok:
             logger.info("activation cache for %s: a batch held in part is served in part", level.boundary)
@@ -637,29 +626,40 @@ class ActivationCache:
 
     def _validate(self, level: _Level, args: tuple, kwargs: dict, batch: int) -> bool:
         """Runs the batch both ways (eval mode, no gradients): is the model a chain here?"""
-        self._self_forward = True
-        exact: list[Any] = []
-        handle = mark(self.model.get_submodule(level.boundary).register_forward_hook(lambda m, a, out: exact.append(out)))
-        try:
-            with self._eval_forward():
-                full = self.model(*args, **kwargs)
-                handle.remove()
-                # the boundary's own output, not the stored one: a lower storage precision is
-                # not a reason to call the model a non-chain
-                with stubbed(self.model, level.blocks, level.boundary, exact[0], level.specs, batch):
-                    cached = self.model(*args, **kwargs)
-        except Exception as err:
-            ok, why = False, f"{type(err).__name__}: {err}"
-        else:
-            ok, why = same_outputs(full, cached), "feeding the cached output gives other model outputs"
-        finally:
-            handle.remove()
-            self._self_forward = False
+        # the boundary's own output, not the stored one: a lower storage precision is not a
+        # reason to call the model a non-chain
+        ok, why = self._both_ways(
+            args, kwargs, level.boundary,
+            lambda exact: install_stubs(self.model, level.blocks, level.boundary, exact, level.specs, batch),
+            "feeding the cached output gives other model outputs",
+        )
         if not ok:
             level.off = f"the model is not a chain at {level.boundary} ({why})"
             logger.warning("activation cache off for %s: %s", level.boundary, level.off)
             level.close()
         return ok
+
+    def _both_ways(
+        self, args: tuple, kwargs: dict, boundary: str, stub: Callable[[Any], list[nn.Module]], differ: str
+    ) -> tuple[bool, str]:
+        """Runs the batch whole, then with the stubs ``stub`` installs given the boundary
+        block's own output (eval mode, no gradients, none of the cache's hooks acting):
+        whether the model's outputs agree, and why not (``differ``, or the error raised)."""
+        self._self_forward = True
+        exact: list[Any] = []
+        handle = mark(self.model.get_submodule(boundary).register_forward_hook(lambda m, a, out: exact.append(out)))
+        try:
+            with self._eval_forward():
+                whole = self.model(*args, **kwargs)
+                handle.remove()
+                with stubbed(stub(exact[0])):
+                    skipped = self.model(*args, **kwargs)
+        except Exception as err:
+            return False, f"{type(err).__name__}: {err}"
+        finally:
+            handle.remove()
+            self._self_forward = False
+        return same_outputs(whole, skipped), differ
 
     def _decide(self, level: _Level) -> None:
         """Serve or compute, once serving has been timed a few times: the median forward
@@ -676,7 +676,7 @@ class ActivationCache:
             logger.info("activation cache for %s: serving from the cache (no forward pass computed its whole prefix "
                         "to compare with)", level.boundary)
             return
-        compute = statistics.median(level.compute_s[-_TIMING_SAMPLES:])
+        compute = statistics.median(list(level.compute_s)[-_TIMING_SAMPLES:])
         level.serving = serve < compute
         self.decisions.append({
             "boundary": level.boundary, "frozen": level.frozen, "serve_ms": round(1e3 * serve, 2),

@@ -170,9 +170,9 @@ _SILENCED = "_egeria_fsdp2_hooks"
 
 
 @contextlib.contextmanager
-def stubbed(model: nn.Module, blocks: Sequence[str], boundary: str, output: Any, specs: dict[str, Spec], batch: int) -> Iterator[None]:
-    """:func:`install_stubs` for the body only."""
-    replaced = install_stubs(model, blocks, boundary, output, specs, batch)
+def stubbed(replaced: list[nn.Module]) -> Iterator[None]:
+    """The stubs just installed in ``replaced`` (by :func:`install_stubs` or
+    :func:`install_part_stubs`) for the body only."""
     try:
         yield
     finally:
