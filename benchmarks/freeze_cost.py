@@ -13,7 +13,9 @@ sentences (6,400: 200 steps an epoch), 3 epochs (600 steps), the Trainer's linea
 suite length unless ``--limit`` or ``--epochs`` say otherwise. An arm is ``policy:seed`` or
 ``static:seed:count:at``, ``at`` a step or a share of the run's steps (``25%``); each writes
 its run file under ``--runs`` (``<tag>/cpu/<task>/<policy>-seed<seed>.json``, the format of
-``egeria bench``), and an arm whose file is there is read, not run again.
+``egeria bench``), and an arm whose file is there is read, not run again. ``--average``
+freezes every arm but plain to the average of its recent weights
+(``Egeria(average=WeightAverage())``; tags end in ``-average``).
 
     .venv/bin/python benchmarks/freeze_cost.py none:0 none:1 static:0:4:150 static:1:4:150 \\
         static:0:2:150 static:1:2:150 --runs /tmp/freeze-cost --init ~/.cache/egeria/ptb-gpt
@@ -64,14 +66,16 @@ def parse_arm(text: str, total_steps: int) -> tuple[str, int, dict]:
                      f"static:0:4:25%; a step of the run's {total_steps})")
 
 
-def tag_of(policy: str, options: dict) -> str:
-    return f"static{options['count']}at{options['at_step']}" if policy == "static" else policy
+def tag_of(policy: str, options: dict, average: bool = False) -> str:
+    tag = f"static{options['count']}at{options['at_step']}" if policy == "static" else policy
+    return f"{tag}-average" if average and policy != "none" else tag
 
 
 def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, init: str | None, limit: int | None,
-            epochs: int | None) -> dict:
+            epochs: int | None, average: bool = False) -> dict:
     """The arm's run file, run first if it is not under ``runs``."""
-    out = runs / tag_of(policy, options)
+    average = average and policy != "none"
+    out = runs / tag_of(policy, options, average)
     path = out / "cpu" / task / f"{policy}-seed{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -79,7 +83,7 @@ def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, ini
 
     overrides = {"policy_options": options} if options else None
     return run_trainer_bench(task, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit, records_per_epoch=1,
-                             init=init, overrides=overrides, heap="default")
+                             init=init, overrides=overrides, heap="default", average=average)
 
 
 def total_steps(task: str, limit: int | None, epochs: int | None, init: str | None) -> int:
@@ -92,7 +96,7 @@ def total_steps(task: str, limit: int | None, epochs: int | None, init: str | No
 
 def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) -> dict:
     final = run["final"]
-    out = {"arm": tag_of(policy, options), "seed": seed, "options": options, "final": final["metric"],
+    out = {"arm": tag_of(policy, options, bool(run.get("average"))), "seed": seed, "options": options, "final": final["metric"],
            "wall_time_s": final["wall_time_s"], "frozen": run["records"][-1]["frozen"],
            "curve": [[r["step"], r["metric"]] for r in run["records"]], "code": run.get("code")}
     if plain is not None:
@@ -133,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="training sentences (default: the task's cut)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the task's cut)")
     p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/freeze_cost/<task>.json")
+    p.add_argument("--average", action="store_true",
+                   help="every arm but plain freezes to the average of its recent weights (Egeria(average=WeightAverage()))")
     args = p.parse_args(argv)
     task = args.task
     limit = args.limit if args.limit is not None else CUTS[task][0]
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe_machine()
     print(command)
     print(f"machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}; {task}, {steps} steps")
-    runs = [run_arm(task, policy, seed, options, runs=args.runs, init=init, limit=limit, epochs=epochs)
+    runs = [run_arm(task, policy, seed, options, runs=args.runs, init=init, limit=limit, epochs=epochs,
+                    average=args.average)
             for policy, seed, options in arms]
     plain = {seed: run for (policy, seed, _), run in zip(arms, runs) if policy == "none"}
     rows = [row(policy, seed, options, run, plain.get(seed)) for (policy, seed, options), run in zip(arms, runs)]

@@ -12,7 +12,9 @@ at one run length; its arms are given on the command line:
     egeria:SPEED:FIELD=VALUE    the same with other EgeriaConfig fields changed; unfreeze=F unfreezes
                                 every module at a learning-rate drop of F x since the first freeze,
                                 to refreeze once settled again (the paper's, Egeria(unfreeze_rule=
-                                LRDropRule(F)))
+                                LRDropRule(F))); average=auto freezes each module to the average
+                                of its recent weights (Egeria(average=WeightAverage()); average=N:
+                                over N steps)
     paper                       the paper's rule (EgeriaConfig(rule="paper"))
     POLICY:OPT=VALUE[:...]      a baseline with its options (freezeout:t0=0.5,
                                 autofreeze:percentile=25, linear:start=0.75,
@@ -94,14 +96,16 @@ def _arm(name: str, fields: dict, prepared: Any, settings: Any, seed: int) -> di
     from egeria import EgeriaConfig
     from egeria.bench import demo
 
-    from egeria import LRDropRule
+    from egeria import LRDropRule, WeightAverage
 
     fields = dict(fields)
     unfreeze = fields.pop("unfreeze", None)
+    average = fields.pop("average", None)
     config = EgeriaConfig(**fields) if name != "plain" else None
     record, extra = demo._train(name, prepared.initial, prepared.train, prepared.test, settings, seed,
                                 prepared.milestones, config, prepared.total_steps, False,
-                                unfreeze_rule=None if unfreeze is None else LRDropRule(float(unfreeze)))
+                                unfreeze_rule=None if unfreeze is None else LRDropRule(float(unfreeze)),
+                                average=None if average is None else WeightAverage(None if average == "auto" else average))
     record.pop("step_times_s")
     out = {"arm": name, "config": None if config is None else config.to_dict(), **record}
     if extra:
@@ -194,6 +198,7 @@ def arm_label(arm: dict) -> str:
     if "speed" not in fields or recorded is None:
         return name
     fields.pop("unfreeze", None)
+    fields.pop("average", None)
     if recorded == EgeriaConfig(**fields).horizon:
         return name
     return f"{name} (horizon {recorded:g})"

@@ -81,3 +81,12 @@ def test_a_rank_that_stops_calling_step_is_named_instead_of_hanging(tmp_path):
     assert zero["error"] == "RuntimeError", zero
     assert "eg.step()" in zero["message"] and "every rank" in zero["message"]
     assert one["error"] is None
+
+
+def test_freezing_to_the_average_gives_every_rank_the_same_weights_and_statistics(tmp_path):
+    zero, one = _spawn(ddp_workers.freeze_to_average, tmp_path)
+    assert zero["frozen"] == one["frozen"] == ["stem.0", "stem.1..stem.2"]
+    # the stem froze at step 3, its BatchNorm re-estimated on the next 10 batches (each rank's own)
+    assert zero["settled"] == one["settled"] == [0, 0] + [1] * 10 + [2] * 4
+    assert torch.equal(zero["weights"], one["weights"])
+    assert torch.equal(zero["buffers"], one["buffers"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .averaging import WeightAverage
 from .config import EgeriaConfig
 from .decision import Decision
 from .engine import Egeria
@@ -14,6 +15,7 @@ __all__ = [
     "Decision",
     "sp_loss",
     "LRDropRule",
+    "WeightAverage",
     "UnfreezeContext",
     "derive_eval_interval",
     "KnowledgeGuided",

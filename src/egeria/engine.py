@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .averaging import DEFAULT_SPAN, FreezeToAverage, WeightAverage
 from .cache.attach import CacheLoading
 from .checkpoint.engine_state import Checkpointing
 from .checks import check_int, check_lr_schedule, check_optimizer, check_run_length, checked_loss, submodule_of
@@ -91,6 +92,11 @@ class Egeria(Checkpointing, CacheLoading):
             decision as a text event (:mod:`egeria.signals`); the HF and Lightning
             callbacks give the same scalars to the Trainer's own loggers instead.
         log_every: steps between the writer's scalars.
+        average: freeze each module to the running average of its recent weights, its
+            BatchNorm statistics re-estimated for them, instead of to its last iterate
+            (:class:`~egeria.averaging.WeightAverage`; None: the last iterate). It costs a
+            float32 copy of the freezable modules' trainable weights and one pass over them
+            per step (:mod:`egeria.averaging`).
 
     Steps are counted from the optimizer (:mod:`egeria.stepcount`): a call of
     :meth:`step` that follows no ``optimizer.step()`` (a micro-batch of gradient
@@ -127,6 +133,7 @@ class Egeria(Checkpointing, CacheLoading):
         lr_schedule: LRAt | None = None,
         writer: Any = None,
         log_every: int = 50,
+        average: WeightAverage | None = None,
     ) -> None:
         refuse_in_reimported_main()  # a spawned process re-running a script without the __main__ guard stops here
         self.config = config if config is not None else EgeriaConfig()
@@ -146,6 +153,9 @@ class Egeria(Checkpointing, CacheLoading):
         if on_change is not None and not callable(on_change):
             raise ValueError(f"on_change must be callable, got {type(on_change).__name__}")
         check_lr_schedule(lr_schedule)
+        if average is not None and not isinstance(average, WeightAverage):
+            raise ValueError(f"average must be an egeria.WeightAverage or None, got {type(average).__name__}")
+        self._average_settings = average
         self._signals = TensorBoardSignals(writer, log_every) if writer is not None else None
         self.policy: FreezePolicy = policy_for(self.config, policy, unfreeze_rule)
         self._asks = PolicyView(self.policy)  # what the engine asks the policy beyond deciding
@@ -165,6 +175,11 @@ class Egeria(Checkpointing, CacheLoading):
         self._ranks = Ranks() if distributed_run() else None
         # the ranks FSDP2 shards the model over (None: not FSDP2, or one process)
         self._fsdp2_ranks = self._ranks if self._fsdp2 else None
+        if average is not None and self._fsdp2_ranks is not None:
+            raise ValueError(
+                "average=WeightAverage(...) is not available under FSDP2 with several ranks: each rank would "
+                "average its own shards, which Egeria's checkpoint (rank 0's state) cannot hold; use average=None"
+            )
         # FSDP2 with Egeria's rule: the whole weights it reads, gathered by every rank (egeria.distributed)
         self._whole = WholeWeights(model, self._ranks) if self._fsdp2 and self._asks.gathers_weights else None
         self._counter = OptimizerSteps(optimizer)
@@ -304,6 +319,8 @@ class Egeria(Checkpointing, CacheLoading):
         self._planned = True  # the policy plans with total_steps from this step on
         self.steps += 1
         self._schedule.watch(self.steps, self.lr_scheduler, self.optimizer)
+        if prefix.average is not None:
+            self._fold_average(prefix)
         before = len(self.events)
         partition = prefix.partition
         info = StepInfo(
@@ -317,6 +334,20 @@ class Egeria(Checkpointing, CacheLoading):
         if self._signals is not None:
             self._signals.after_step(self, self.events[before:])
         return self.events[before:]
+
+    def _fold_average(self, prefix: FrozenPrefix) -> None:
+        """Freezing to the average, at each boundary before the policy's move: the batch
+        just trained counts for the BatchNorm re-estimates under way, and the unfrozen
+        modules' weights join their averages (:mod:`egeria.averaging`)."""
+        assert prefix.average is not None
+        ended = prefix.average.tick()
+        if ended:
+            if self._ranks is not None:
+                # each rank re-estimated on its own batches: rank 0's statistics, everywhere
+                self._ranks.share_buffers(prefix.average.buffers_of(ended))
+            if self._cache is not None:
+                self._cache.set_frozen(prefix.settled)
+        prefix.average.update(prefix.count)
 
     def _from_rank0(self, value: Any, what: str) -> Any:
         """``value`` as rank 0 holds it, on every rank (``value`` itself outside torchrun):
@@ -358,6 +389,10 @@ class Egeria(Checkpointing, CacheLoading):
         partition = self.partition
         if self._prefix is None:
             self._prefix = FrozenPrefix(self.model, partition, self._frozen_changed)
+            if self._average_settings is not None:
+                self._prefix.average = FreezeToAverage(
+                    self.model, partition, self._prefix.trainable, self._average_span(partition)
+                )
         if not self._bound:
             self._bound = True
             if not self._decides:
@@ -382,6 +417,16 @@ class Egeria(Checkpointing, CacheLoading):
             logger.info("Egeria: %d layer modules %s, policy %s", len(partition), partition.names, self.policy.name)
         return self._prefix
 
+    def _average_span(self, partition: Partition) -> int:
+        """The steps an average weighs: the user's, else W x n of Egeria's rule, else
+        :data:`~egeria.averaging.DEFAULT_SPAN`."""
+        assert self._average_settings is not None
+        if self._average_settings.span is not None:
+            return self._average_settings.span
+        window = self._asks.window
+        interval = self._asks.evaluation_interval(self.total_steps, lambda: len(partition), True)
+        return window * interval if window and interval else DEFAULT_SPAN
+
     def _frozen_changed(self, count: int) -> None:
         if self._fsdp2_ranks is not None and count > 0:
             # FSDP2 never synchronises buffers: each rank's BatchNorm statistics are its
@@ -390,7 +435,8 @@ class Egeria(Checkpointing, CacheLoading):
             blocks = [b for m in self._prefix.partition.modules[:count] for b in m.blocks]
             self._fsdp2_ranks.share_buffers([buf for b in blocks for buf in self.model.get_submodule(b).buffers()])
         if self._cache is not None:
-            self._cache.set_frozen(count)
+            assert self._prefix is not None
+            self._cache.set_frozen(self._prefix.settled)
         if self._ddp is not None:
             rebuild_ddp(self._ddp)
 
@@ -430,6 +476,8 @@ class Egeria(Checkpointing, CacheLoading):
         if self._prefix is not None:
             if unfreeze:
                 self._prefix.move_to(0)
+            if self._prefix.average is not None:
+                self._prefix.average.unfreeze()  # a BatchNorm re-estimate under way ends where it is
             self._prefix.release_locks(False)  # frozen modules stay in eval mode until the user's next train()
 
     def __enter__(self) -> Egeria:

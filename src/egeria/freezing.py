@@ -22,7 +22,7 @@ and a forward hook detaches the embedding's output. So:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from torch.utils.hooks import RemovableHandle
 
 from .hooks import mark
 from .partition import Partition
+
+if TYPE_CHECKING:
+    from .averaging import FreezeToAverage
 
 __all__ = ["freeze_parameters", "unfreeze_parameters", "detach_output", "EvalLock", "FrozenPrefix"]
 
@@ -90,6 +93,9 @@ class FrozenPrefix:
         model: the training model.
         partition: its layer modules.
         on_change: called with the new count after every change (the activation cache).
+
+    ``average`` (a :class:`~egeria.averaging.FreezeToAverage`, None by default) gives each
+    module its averaged weights as it freezes and restarts the averages at an unfreeze.
     """
 
     def __init__(self, model: nn.Module, partition: Partition, on_change: Callable[[int], None] | None = None) -> None:
@@ -97,15 +103,23 @@ class FrozenPrefix:
         self.partition = partition
         self.on_change = on_change
         # Parameters the user froze stay frozen: Egeria never makes them trainable.
-        self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self._params = dict(model.named_parameters())
         self._locks: list[EvalLock] = []
         self._detached: list[RemovableHandle] = []  # hooks on tied embeddings of frozen modules
         self.count = 0
+        self.average: FreezeToAverage | None = None
 
     @property
     def names(self) -> list[str]:
         return self.partition.names[: self.count]
+
+    @property
+    def settled(self) -> int:
+        """The leading frozen modules whose output is final (what the activation cache may
+        hold): all of them, but those frozen to their average whose BatchNorm statistics are
+        still being re-estimated, and any after them."""
+        return self.count if self.average is None else self.average.settled(self.count)
 
     def move_to(self, target: int) -> list[tuple[str, tuple[str, ...]]]:
         """Freezes or unfreezes so that the first ``target`` modules (clipped to the
@@ -129,8 +143,11 @@ class FrozenPrefix:
 
     def _freeze_next(self) -> None:
         module = self.partition.modules[self.count]
-        freeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+        freeze_parameters(self._params[p] for p in module.params if p in self.trainable)
         self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
+        if self.average is not None:
+            # after the eval locks: a BatchNorm's re-estimate hook must run after a lock's on it
+            self.average.freeze(module)
         self._detached.extend(
             mark(self.model.get_submodule(name).register_forward_hook(detach_output)) for name in module.detached
         )
@@ -138,7 +155,9 @@ class FrozenPrefix:
 
     def _unfreeze_all(self) -> None:
         for module in self.partition.modules[: self.count]:
-            unfreeze_parameters(self._params[p] for p in module.params if p in self._trainable)
+            unfreeze_parameters(self._params[p] for p in module.params if p in self.trainable)
+        if self.average is not None:
+            self.average.unfreeze()  # before the locks go: their release gives the modules the model's mode
         self.release_locks(self.model.training)
         self.count = 0
 

@@ -29,3 +29,9 @@ def test_an_arm_is_a_policy_and_seed_or_a_static_freeze(text, expected):
 def test_a_bad_arm_is_named_with_the_runs_length(text):
     with pytest.raises(ValueError, match=rf"arm '{text}'.*the run's 750"):
         freeze_cost.parse_arm(text, 750)
+
+
+def test_an_arm_frozen_to_the_average_keeps_its_runs_apart_but_plain_is_shared():
+    assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}) == "static5at150"
+    assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}, True) == "static5at150-average"
+    assert freeze_cost.tag_of("none", {}, True) == "none"

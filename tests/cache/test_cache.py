@@ -40,12 +40,12 @@ def language(model, batch):
     return next_token_loss(model(x), y)
 
 
-def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on_step=None):
+def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on_step=None, average=None):
     """Trains with a scheduled policy; returns per-step (loss, grads), Egeria's cache stats."""
     torch.manual_seed(0)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    eg = egeria.Egeria(model, opt, policy=Plan(plan))
+    eg = egeria.Egeria(model, opt, policy=Plan(plan), average=average)
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(5))
     if cache is not None:
         loader = eg.cache_loader(loader, **{"serve": "always", **cache})
@@ -89,6 +89,19 @@ def test_resnet_cache_gives_the_same_losses_and_gradients(tier, tmp_path):
     assert_same(plain, cached)
     assert stats["served"] >= 12 and stats["chained"] >= 1, stats
     assert all(level["tier"] == tier for level in stats["levels"].values())
+
+
+def test_a_module_frozen_to_its_average_is_served_once_its_batchnorm_is_re_estimated():
+    average = egeria.WeightAverage(span=4)
+    settled = []
+    plain, _ = run(tiny_cnn, images(), PLAN, epochs=9, average=average)
+    cached, stats = run(tiny_cnn, images(), PLAN, epochs=9, cache={"memory_limit": 2**30}, average=average,
+                        on_step=lambda eg, step: settled.append((step, eg._cache.frozen)))
+    assert_same(plain, cached)
+    # the cache counts a module frozen to its average only after its 10 batches of re-estimate
+    assert dict(settled)[12] == 0 and dict(settled)[13] == 1 and dict(settled)[24] == 1 and dict(settled)[25] == 2
+    assert dict(settled)[27] == 0 and dict(settled)[39] == 0 and dict(settled)[40] == 2
+    assert stats["served"] >= 6, stats
 
 
 def test_transformer_lm_cache_gives_the_same_losses_and_gradients():

@@ -226,3 +226,28 @@ def a_rank_that_stops_stepping(rank: int, world: int, out: str) -> None:
         record = {"error": None, "message": ""}
     eg.close()
     torch.save(record, f"{out}/rank{rank}.pt")
+
+
+def freeze_to_average(rank: int, world: int, out: str) -> None:
+    """The static policy freezes the stem (its Linear and BatchNorm) to its average at step 3 on
+    ranks that see different batches, under a DDP that leaves buffers alone
+    (``broadcast_buffers=False``): the averaged weights and the re-estimated statistics
+    must agree on every rank."""
+    torch.manual_seed(0)
+    model = Chain()
+    ddp = DistributedDataParallel(model, broadcast_buffers=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    config = egeria.EgeriaConfig(policy="static", policy_options={"count": 2, "at_step": 3})
+    eg = egeria.Egeria(ddp, opt, config=config, average=egeria.WeightAverage(span=2))
+    settled = []
+    for x, y in batches(16, seed=rank + 1):
+        loss = F.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        eg.step(loss)
+        settled.append(eg._prefix.settled)
+    torch.save({"frozen": list(eg.frozen), "settled": settled,
+                "weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
+                "buffers": torch.cat([b.detach().double().flatten() for b in model.buffers()])}, f"{out}/rank{rank}.pt")
+    eg.close()

@@ -281,10 +281,11 @@ def _train(
     total_steps: int,
     progress: bool,
     unfreeze_rule: Any = None,
+    average: Any = None,
 ) -> tuple[dict, dict]:
     """One run; the Egeria one when ``config`` is given, trained through Egeria's activation
     cache (batches unchanged: a frozen prefix's outputs are served where that is faster),
-    with ``unfreeze_rule`` where given (``Egeria(unfreeze_rule=...)``).
+    with ``unfreeze_rule`` and ``average`` where given (``Egeria(unfreeze_rule=..., average=...)``).
     Returns (run record, Egeria extras)."""
     from tqdm.auto import tqdm
 
@@ -297,7 +298,7 @@ def _train(
     eg = None
     if config is not None:
         eg = Egeria(model, optimizer, config=config, lr_scheduler=scheduler, total_steps=total_steps,
-                    unfreeze_rule=unfreeze_rule)
+                    unfreeze_rule=unfreeze_rule, average=average)
         loader = eg.cache_loader(loader)
     epochs: list[dict] = []
     bar = tqdm(

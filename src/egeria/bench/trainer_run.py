@@ -244,11 +244,13 @@ def run_trainer_bench(
     heap: str = "steady",
     cache: bool = False,
     device: str = "cpu",
+    average: bool = False,
 ) -> dict:
     """Fine-tunes ``task_name`` through the ``Trainer`` under ``policy`` and writes
     ``<out_dir>/<layout>/<task>/<policy>-seed<seed>.json`` (and the weights as ``.pt``);
     the arguments as :func:`egeria.bench.run.run_bench`'s (no snapshots; ``cache`` through
-    ``EgeriaCallback(cache=True)``; ``device="cuda"`` lets the Trainer train on the GPU).
+    ``EgeriaCallback(cache=True)``; ``device="cuda"`` lets the Trainer train on the GPU;
+    ``average`` freezes to the average, ``EgeriaCallback(average=WeightAverage())``).
 
     Raises:
         ValueError: an unknown task, policy, layout or heap, a bad ``records_per_epoch``
@@ -269,14 +271,15 @@ def run_trainer_bench(
         return _run(task_name, policy, seed=seed, epochs=epochs, out=Path(out_dir) / layout, place=place, limit=limit,
                     eval_limit=eval_limit, records_per_epoch=records_per_epoch, init=init, cache=cache,
                     overrides={**place.config_overrides(policy), **(overrides or {})}, command=command,
-                    device=device)
+                    device=device, average=average)
 
 
 def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, records_per_epoch, init, overrides,
-         command, cache, device) -> dict:
+         command, cache, device, average) -> dict:
     import transformers
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
+    from ..averaging import WeightAverage
     from ..integrations.hf import EgeriaCallback
     from .tasks import _baseline_options
 
@@ -287,7 +290,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         cfg = EgeriaConfig(policy=policy, policy_options=_baseline_options(task.steps_per_epoch, task.epochs)[policy])
     if overrides:
         cfg = cfg.replace(**overrides)
-    egeria_cb = EgeriaCallback(cfg, cache=cache)
+    egeria_cb = EgeriaCallback(cfg, cache=cache, average=WeightAverage() if average else None)
     total_steps = task.steps_per_epoch * task.epochs
     every = max(1, task.steps_per_epoch // records_per_epoch)
     records: list[dict] = []
@@ -371,6 +374,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         "limit": limit,
         "eval_limit": eval_limit,
         "cache": cache,
+        "average": average,
         "heap": heap_state(),
         "trainer": {
             "transformers": transformers.__version__, "learning_rate": args.learning_rate,
@@ -474,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="accepted for egeria bench's sake; nothing is shown")
     p.add_argument("--cache", action="store_true", help="serve the frozen prefix from the activation cache")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the Trainer trains")
+    p.add_argument("--average", action="store_true", help="freeze each module to the average of its recent weights")
     p.add_argument("--heap", choices=HEAPS, default="steady")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides")
     args = p.parse_args(argv)
@@ -482,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         args.task, args.policy, seed=args.seed, epochs=args.epochs, out_dir=args.out, layout=args.layout,
         limit=args.limit, eval_limit=args.eval_limit, records_per_epoch=args.records_per_epoch, init=args.init,
         overrides=parse_overrides(args.overrides), command=command, heap=args.heap, cache=args.cache,
-        device=args.device,
+        device=args.device, average=args.average,
     )
     final = result["final"]
     print(f"{args.task} / {args.policy} / seed {args.seed} / {args.layout}: {result['metric']['name']} "

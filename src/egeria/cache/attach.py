@@ -161,7 +161,7 @@ class CacheLoading:
             model=self.model,
             partition=lambda: self._layers.partition,
             own=self._own,
-            frozen=0 if self._prefix is None else self._prefix.count,
+            frozen=0 if self._prefix is None else self._prefix.settled,
             memory_limit=memory_limit,
             disk_limit=disk_limit,
             directory=directory,
@@ -206,7 +206,7 @@ class CacheLoading:
             )
         _check_options(memory_limit, disk_limit, 0, serve, storage_dtype)
         self._cache = _new_cache(
-            rows, 0 if self._prefix is None else self._prefix.count, self._own, model=self.model,
+            rows, 0 if self._prefix is None else self._prefix.settled, self._own, model=self.model,
             partition=lambda: self._layers.partition, memory_limit=memory_limit, disk_limit=disk_limit,
             directory=directory, storage_dtype=storage_dtype, prefetch=0, serve=serve, keys_in_batch=True,
         )

@@ -22,7 +22,7 @@ from ..checks import finite_count
 from ..decision import Decision
 from .dcp import TrainingState
 from .saved_state import check_saved_state, policy_state_spec, sealed
-from .serialization import read_state, write_state
+from .serialization import decode_tensor, encode_tensor, read_state, write_state
 from .statecheck import check
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class Checkpointing:
     _layers: RunLayers
     _schedule: ScheduleWatch
     _prefix: FrozenPrefix | None
+    _cache: Any
     _counter: OptimizerSteps
     _whole: WholeWeights | None
 
@@ -93,6 +94,8 @@ class Checkpointing:
             "policy": self.policy.name,
             # Under torchrun only rank 0 runs the policy; the other ranks' states lack it.
             "policy_state": self.policy.state_dict() if self._decides else None,
+            # freezing to the average (egeria.averaging): the averages and re-estimates under way
+            "average": None if prefix.average is None else prefix.average.state_dict(encode_tensor),
         })
 
     def dcp_state(self) -> TrainingState:
@@ -172,10 +175,29 @@ class Checkpointing:
         self.steps = state["steps"]
         self.events = [Decision.from_dict(e) for e in state["events"]]
         prefix = self._bind()
+        average, prefix.average = prefix.average, None  # the saved frozen set, not frozen anew to averages
         prefix.move_to(state["frozen"])
+        prefix.average = average
+        self._load_average(state.get("average"))
         if self._decides:
             self.policy.load_state_dict(state["policy_state"])
         self._counter.settle()
+
+    def _load_average(self, saved: dict | None) -> None:
+        """The averages and BatchNorm re-estimates of a state (checked), where this Egeria
+        freezes to the average; a state without them starts the averages afresh."""
+        prefix = self._prefix
+        assert prefix is not None
+        if prefix.average is None:
+            if saved is not None:
+                logger.warning("the Egeria state holds weight averages, which this Egeria (average=None) does not use")
+            return
+        if saved is None:
+            prefix.average.unfreeze()  # nothing saved: averages from the weights as they are
+        else:
+            prefix.average.load_state_dict(saved, decode_tensor)
+        if self._cache is not None:
+            self._cache.set_frozen(prefix.settled)
 
     def _agree_to_load(self, refused: ValueError | None) -> None:
         """Under FSDP2 with Egeria's rule every rank loads (the reference is rebuilt from

@@ -20,7 +20,20 @@ from torch import nn
 
 from ..decision import Decision
 from ..partition import Partition
-from .statecheck import StateError, anything, check, integer, items, mapping, number, optional, record, text
+from .statecheck import (
+    StateError,
+    anything,
+    check,
+    encoded_tensor,
+    integer,
+    items,
+    keyed,
+    mapping,
+    number,
+    optional,
+    record,
+    text,
+)
 
 __all__ = ["SavedContext", "check_saved_state", "policy_state_spec", "sealed", "without_policy_state", "STEPS"]
 
@@ -103,9 +116,10 @@ def check_saved_state(
                 "events": items(anything),
                 "policy": text(),
                 "policy_state": optional(mapping(anything)),
+                "average": optional(mapping(anything)),
                 "digest": text(pattern="[0-9a-f]{64}"),
             },
-            optional=("total_steps", "lr_cadence", "module_flops", "digest"),
+            optional=("total_steps", "lr_cadence", "module_flops", "average", "digest"),
         ),
     )
     if "digest" in state and state["digest"] != _digest(state):
@@ -124,7 +138,34 @@ def check_saved_state(
         raise StateError("state.frozen", state["frozen"], f"is above the {partition.freezable} modules that may freeze")
     steps = state["steps"]
     check(state["events"], items(Decision.state_spec(partition.names, steps)), "state.events")
+    if state.get("average") is not None:
+        check(state["average"], _average_spec(model, partition, state["frozen"], steps), "state.average")
     return partition, SavedContext(partition, state["frozen"], steps, model.state_dict())
+
+
+def _average_spec(model: nn.Module, partition: Partition, frozen: int, steps: int) -> Any:
+    """Freezing to the average (:meth:`egeria.averaging.FreezeToAverage.state_dict`): an
+    average for parameters of the unfrozen freezable modules only, each of its parameter's
+    shape in float32 (float64 for float64 weights); re-estimates of frozen modules only."""
+    params = dict(model.named_parameters())
+    averaged = {
+        name: encoded_tensor(params[name].shape, torch.float64 if params[name].dtype == torch.float64 else torch.float32)
+        for module in partition.modules[frozen : partition.freezable]
+        for name in module.params
+        if name in params
+    }
+    return record({
+        "span": integer(1),
+        "updates": STEPS,
+        "averages": keyed(averaged, "is not a parameter of an unfrozen module that may freeze"),
+        "restats": items(
+            record({
+                "module": text(choices=partition.names[:frozen]),
+                "left": integer(1, steps + 2**31),
+                "momenta": items(optional(number(0, 1))),
+            })
+        ),
+    })
 
 
 def _partition(model: nn.Module, saved: list[dict], current: Partition | None, cap: Any) -> Partition:

@@ -125,7 +125,7 @@ logger = logging.getLogger(__name__)
 STATE_FILE = _EGERIA_FILE  # egeria.json, beside egeria-<id>.pt (Egeria.save)
 # Egeria arguments the callback passes itself, taken from the Trainer.
 _FROM_TRAINER = ("model", "optimizer", "lr_scheduler", "total_steps", "example_inputs")
-_ALLOWED = ("unfreeze_rule", "policy", "on_change")
+_ALLOWED = ("unfreeze_rule", "policy", "on_change", "average")
 # EgeriaCallback(cache={...}): the options of Egeria.cache_keyed_batches.
 _CACHE_OPTIONS = ("memory_limit", "disk_limit", "directory", "storage_dtype", "serve")
 
@@ -140,7 +140,7 @@ class EgeriaCallback(TrainerCallback):
         log_signals: add Egeria's scalars to the Trainer's training logs (and its decisions
             to TensorBoard as text) at the Trainer's logging steps.
         **egeria_kwargs: further :class:`~egeria.Egeria` arguments: ``unfreeze_rule``,
-            ``policy`` or ``on_change``. The model, optimizer, scheduler and the number of
+            ``policy``, ``on_change`` or ``average``. The model, optimizer, scheduler and the number of
             steps come from the Trainer.
 
     Attributes:

@@ -71,6 +71,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..averaging import WeightAverage
 from ..checkpoint.saved_state import without_policy_state
 from ..config import EgeriaConfig
 from ..decision import Decision
@@ -127,6 +128,8 @@ class EgeriaCallback(pl.Callback):
         unfreeze_rule: replaces the default learning-rate-drop unfreeze rule.
         on_change: called with every :class:`~egeria.Decision` as it is applied.
         log_signals: log Egeria's scalars and decisions to the Trainer's loggers.
+        average: freeze each module to the average of its recent weights
+            (:class:`~egeria.WeightAverage`), as for ``Egeria``.
 
     Attributes:
         egeria: the running :class:`~egeria.Egeria` (from ``on_train_start``; after
@@ -146,6 +149,7 @@ class EgeriaCallback(pl.Callback):
         unfreeze_rule: UnfreezeRule | None = None,
         on_change: Callable[[Decision], Any] | None = None,
         log_signals: bool = True,
+        average: WeightAverage | None = None,
     ) -> None:
         if not isinstance(log_signals, bool):
             raise ValueError(f"log_signals={log_signals!r} must be True or False")
@@ -159,7 +163,7 @@ class EgeriaCallback(pl.Callback):
         self.module = module
         self.total_steps = total_steps
         self.log_signals = log_signals
-        self._options = dict(policy=policy, unfreeze_rule=unfreeze_rule, on_change=on_change)
+        self._options = dict(policy=policy, unfreeze_rule=unfreeze_rule, on_change=on_change, average=average)
         self.egeria: Egeria | None = None
         self._live = False  # self.egeria is open
         self._pending: dict | None = None  # a checkpoint's state, applied at on_train_start
