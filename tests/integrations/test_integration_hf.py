@@ -132,26 +132,30 @@ def test_egerias_own_rule_freezes_inside_the_trainer(tmp_path):
 RESUMES = {
     "static": (static(2), 32, 3, 8),
     "egeria": (quick_config(), 4, 29, 32),
+    "static-average": (static(5), 32, 3, 8),  # frozen to its average after the checkpoint
 }
 
 
-@pytest.mark.parametrize("case, where", [("static", "output_dir"), ("egeria", "output_dir"), ("static", "moved")])
+@pytest.mark.parametrize(
+    "case, where", [("static", "output_dir"), ("egeria", "output_dir"), ("static", "moved"), ("static-average", "output_dir")]
+)
 def test_resume_restores_the_frozen_set_and_continues_like_an_uninterrupted_run(tmp_path, case, where):
     """``where``: the checkpoint lies under the resumed run's output_dir, or was moved
     elsewhere and is named to the callback (``resume_from``)."""
     config, distinct, at, last = RESUMES[case]
-    whole = EgeriaCallback(config)
+    extra = {"average": egeria.WeightAverage(span=3)} if case.endswith("average") else {}
+    whole = EgeriaCallback(config, **extra)
     trainer, _ = trainer_for(tmp_path / "whole", whole, max_steps=last, save_steps=at, distinct=distinct)
     trainer.train()
     expected = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     frozen_at_checkpoint = [m for e in whole.egeria.events if e.step <= at and e.action == "freeze" for m in e.modules]
-    assert frozen_at_checkpoint, f"nothing froze by step {at}: {whole.egeria.events}"
+    assert frozen_at_checkpoint or extra, f"nothing froze by step {at}: {whole.egeria.events}"
     checkpoint = tmp_path / "whole" / f"checkpoint-{at}"
     assert (checkpoint / STATE_FILE).is_file()
 
     copy = tmp_path / "resumed" / checkpoint.name if where == "output_dir" else tmp_path / "moved" / "kept"
     shutil.copytree(checkpoint, copy)
-    resumed = EgeriaCallback(config, resume_from=copy if where == "moved" else None)
+    resumed = EgeriaCallback(config, resume_from=copy if where == "moved" else None, **extra)
     trainer, recorder = trainer_for(tmp_path / "resumed", resumed, max_steps=last, save_steps=at, distinct=distinct)
     trainer.train(resume_from_checkpoint=str(copy))
     eg = resumed.egeria
