@@ -42,7 +42,7 @@ from torch.utils.hooks import RemovableHandle
 from .hooks import mark, unmark
 from .partition import LayerModule, Partition
 
-__all__ = ["WeightAverage", "FreezeToAverage", "DEFAULT_SPAN", "DEFAULT_RESTATS"]
+__all__ = ["WeightAverage", "FreezeToAverage", "average_dtype", "DEFAULT_SPAN", "DEFAULT_RESTATS"]
 
 #: Steps an average weighs when the policy has no readings to take its span from.
 DEFAULT_SPAN = 50
@@ -72,7 +72,8 @@ class WeightAverage:
             raise ValueError(f"WeightAverage(span={self.span!r}): give a whole number of steps, 1 or more, or None")
 
 
-def _average_dtype(p: torch.Tensor) -> torch.dtype:
+def average_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype a parameter's average is kept in: float64 for float64 weights, else float32."""
     return torch.float64 if p.dtype == torch.float64 else torch.float32
 
 
@@ -127,7 +128,7 @@ class FreezeToAverage:
                 value = _local(self._params[name].detach())
                 average = self.averages.get(name)
                 if average is None:
-                    self.averages[name] = value.to(_average_dtype(value), copy=True)
+                    self.averages[name] = value.to(average_dtype(value), copy=True)
                 else:
                     average.lerp_(value.to(average.dtype), weight)
 
@@ -236,7 +237,7 @@ class FreezeToAverage:
         self.updates = state["updates"]
         for name, saved in state["averages"].items():
             value = _local(self._params[name].detach())
-            self.averages[name] = decode(saved).to(device=value.device, dtype=_average_dtype(value))
+            self.averages[name] = decode(saved).to(device=value.device, dtype=average_dtype(value))
         by_name = {m.name: m for m in self.partition.modules}
         for entry in state["restats"]:
             restats = self._start_restats(by_name[entry["module"]], reset=False, left=entry["left"])

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from ..averaging import average_dtype
 from ..decision import Decision
 from ..partition import Partition
 from .statecheck import (
@@ -149,7 +150,7 @@ def _average_spec(model: nn.Module, partition: Partition, frozen: int, steps: in
     shape in float32 (float64 for float64 weights); re-estimates of frozen modules only."""
     params = dict(model.named_parameters())
     averaged = {
-        name: encoded_tensor(params[name].shape, torch.float64 if params[name].dtype == torch.float64 else torch.float32)
+        name: encoded_tensor(params[name].shape, average_dtype(params[name]))
         for module in partition.modules[frozen : partition.freezable]
         for name in module.params
         if name in params
