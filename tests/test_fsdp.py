@@ -210,6 +210,47 @@ def test_the_activation_cache_under_fsdp2_serves_where_every_rank_can_and_skips_
     _same_weights(_weights(zero["cached"]["steps"]), _weights(one["cached"]["steps"]))
 
 
+def test_fsdp2_freezes_each_rank_to_its_shards_of_the_average_and_resumes_through_dcp_and_hf_as_if_uninterrupted(ranks):
+    from fsdp_workers import AVERAGE_STEPS
+
+    zero, one = ranks("averaging")
+    for rank in (zero, one):
+        whole = rank["uninterrupted"]
+        before, after = whole["before"], whole["after"]
+        # The stem froze after step 3 to the mean of steps 1-2 and then step 3 at weight
+        # 1/2 (span 2), each rank averaging its shards: the whole result is the average of
+        # the whole weights (element by element; close, as kernels may round shards apart).
+        expected = before[0].clone().lerp_(before[1], 0.5).lerp_(before[2], 0.5)
+        assert whole["frozen"][2] == ["stem.0", "stem.1..stem.2"] and whole["frozen"][1] == []
+        assert torch.allclose(after[2], expected, rtol=0, atol=1e-6)
+        assert not torch.allclose(after[2], before[2], rtol=0, atol=1e-4)  # not the last iterate
+        assert all(torch.equal(a, after[2]) for a in after[3:])  # and held from then on
+        # The BatchNorm re-estimates on each rank's batches for 10 steps (4-13), then holds.
+        assert not torch.equal(whole["bn"][12], whole["bn"][11])
+        assert all(torch.equal(b, whole["bn"][12]) for b in whole["bn"][13:])
+    # Every rank ends with rank 0's statistics and the same weights.
+    assert torch.equal(zero["uninterrupted"]["bn"][-1], one["uninterrupted"]["bn"][-1])
+    assert torch.equal(zero["uninterrupted"]["weights"], one["uninterrupted"]["weights"])
+    for index, rank in enumerate((zero, one)):
+        whole = rank["uninterrupted"]
+        for name, stop in (("dcp_2", 2), ("dcp_6", 6), ("hf_6", 6)):
+            resumed = rank[name]
+            assert resumed["frozen_after_load"] == whole["frozen"][stop - 1], name
+            assert len(resumed["after"]) == AVERAGE_STEPS
+            # Bit for bit: the averages (step 2) and the re-estimate (step 6) went on as if
+            # never interrupted, on the ranks' shards of the saved whole averages.
+            for a, b in zip(resumed["after"], whole["after"], strict=True):
+                assert torch.equal(a, b), name
+            assert torch.equal(resumed["weights"], whole["weights"]), name
+            # The statistics too: on rank 0 at every step; on rank 1 once the re-estimate
+            # ended (step 13), as the checkpoint holds one rank's buffers (rank 0's) and a
+            # resumed rank 1 re-estimates on from them until it takes rank 0's at the end.
+            first = 0 if index == 0 or stop < 4 else 12
+            for a, b in zip(resumed["bn"][first:], whole["bn"][first:], strict=True):
+                assert torch.equal(a, b), name
+    assert not torch.equal(one["dcp_6"]["bn"][6], one["uninterrupted"]["bn"][6])  # rank 1 went on from rank 0's
+
+
 def test_fsdp2_refuses_the_policies_that_read_the_model_on_their_own_naming_what_works(ranks):
     for said in ranks("refusals"):
         for policy in ("autofreeze", "smartfrz"):

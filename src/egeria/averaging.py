@@ -25,8 +25,11 @@ What it does, all at step boundaries (inside ``eg.step()``, never in a hook):
 
 An unfreeze restarts every average from the current weights. The averages and any
 re-estimate under way are in Egeria's checkpoint (a resumed run equals an uninterrupted one).
-Under DDP every rank computes the same averages from the same weights; under FSDP2 each rank
-averages its own shards.
+Under DDP every rank computes the same averages from the same weights. Under FSDP2 each rank
+averages its own shards of each parameter (the averaging is element by element, so the shards
+of the averages are the averages of the whole weights) and a freeze copies them into its
+shards; a checkpoint holds the whole averages, gathered by every rank (a collective, as Egeria's
+rule's is), and a load gives each rank its shards of them.
 """
 
 from __future__ import annotations
@@ -80,6 +83,28 @@ def average_dtype(p: torch.Tensor) -> torch.dtype:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds: an FSDP2 parameter's shard, any other tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _whole(param: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """``shard`` (this rank's part of a tensor sharded as ``param`` is) made whole: an
+    all-gather every rank joins for an FSDP2 parameter; ``shard`` itself otherwise."""
+    if not hasattr(param, "device_mesh"):
+        return shard
+    from torch.distributed.tensor import DTensor
+
+    spread = DTensor.from_local(shard, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
+    return spread.full_tensor()
+
+
+def _shard(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``whole`` (a tensor of ``param``'s shape), cut as ``param`` is
+    sharded; no communication (every rank holds ``whole``)."""
+    if not hasattr(param, "device_mesh"):
+        return whole
+    from torch.distributed.tensor import distribute_tensor
+
+    cut = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+    return cut.to_local().clone()  # not a view that would keep the whole tensor
 
 
 @dataclass
@@ -219,25 +244,29 @@ class FreezeToAverage:
     # -- checkpoint -------------------------------------------------------------------
 
     def state_dict(self, encode: Callable[[torch.Tensor], Any]) -> dict:
-        """The averages (``encode`` turns each tensor into its saved form), the steps folded
-        in and the re-estimates under way (module, batches left, the BatchNorm momenta to
-        restore)."""
+        """The averages (``encode`` turns each whole average into its saved form), the steps
+        folded in and the re-estimates under way (module, batches left, the BatchNorm
+        momenta to restore). Under FSDP2 every rank must call it: each average is gathered
+        whole, in turn."""
         return {
             "span": self.span,
             "updates": self.updates,
-            "averages": {name: encode(t) for name, t in self.averages.items()},
+            "averages": {name: encode(_whole(self._params[name], t)) for name, t in self.averages.items()},
             "restats": [{"module": r.module, "left": r.left, "momenta": list(r.momenta)} for r in self._restats],
         }
 
     def load_state_dict(self, state: dict, decode: Callable[[Any], torch.Tensor]) -> None:
         """Takes :meth:`state_dict`'s output (checked by the engine first). The frozen
         modules' BatchNorm statistics come with the model's own checkpoint; a re-estimate
-        under way goes on from them without resetting them."""
+        under way goes on from them without resetting them. Under FSDP2 each rank takes its
+        shards of the whole averages."""
         self.unfreeze()
         self.updates = state["updates"]
         for name, saved in state["averages"].items():
-            value = _local(self._params[name].detach())
-            self.averages[name] = decode(saved).to(device=value.device, dtype=average_dtype(value))
+            param = self._params[name]
+            value = _local(param.detach())
+            whole = decode(saved).to(device=value.device, dtype=average_dtype(value))
+            self.averages[name] = _shard(param, whole)
         by_name = {m.name: m for m in self.partition.modules}
         for entry in state["restats"]:
             restats = self._start_restats(by_name[entry["module"]], reset=False, left=entry["left"])

@@ -175,11 +175,6 @@ class Egeria(Checkpointing, CacheLoading):
         self._ranks = Ranks() if distributed_run() else None
         # the ranks FSDP2 shards the model over (None: not FSDP2, or one process)
         self._fsdp2_ranks = self._ranks if self._fsdp2 else None
-        if average is not None and self._fsdp2_ranks is not None:
-            raise ValueError(
-                "average=WeightAverage(...) is not available under FSDP2 with several ranks: each rank would "
-                "average its own shards, which Egeria's checkpoint (rank 0's state) cannot hold; use average=None"
-            )
         # FSDP2 with Egeria's rule: the whole weights it reads, gathered by every rank (egeria.distributed)
         self._whole = WholeWeights(model, self._ranks) if self._fsdp2 and self._asks.gathers_weights else None
         self._counter = OptimizerSteps(optimizer)
@@ -348,6 +343,13 @@ class Egeria(Checkpointing, CacheLoading):
             if self._cache is not None:
                 self._cache.set_frozen(prefix.settled)
         prefix.average.update(prefix.count)
+
+    @property
+    def _state_is_collective(self) -> bool:
+        """Whether making and loading Egeria's state is a collective every rank joins:
+        under FSDP2 with several ranks, where Egeria's rule reads whole weights or the
+        averages are sharded (each rank gathers its part)."""
+        return self._whole is not None or (self._fsdp2_ranks is not None and self._average_settings is not None)
 
     def _from_rank0(self, value: Any, what: str) -> Any:
         """``value`` as rank 0 holds it, on every rank (``value`` itself outside torchrun):

@@ -483,7 +483,96 @@ def lightning(rank: int, world: int, out: str) -> dict:
             "rule_resumed": _lightning_fit(rank, out, RULE_STEPS, ckpt_path=rule_folder, rule=True)}
 
 
-SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, egeria_rule, hf_callback, activation_cache, refusals, lightning)
+#: Freezing to the average under FSDP2: the stem (Linear, then BatchNorm) freezes after step
+#: 3 to the average of its weights over a span of 2 steps; its BatchNorm re-estimates on the
+#: next 10 batches (1/momentum), to step 13. Saved after step 2 (averaging) or 6 (re-estimating).
+AVERAGE_PLAN = {3: 2}
+AVERAGE_SPAN = 2
+AVERAGE_STEPS = 15
+
+
+def _average_run(rank: int, out: str, stop: int | None = None, via: str = "dcp") -> dict:
+    """:data:`AVERAGE_STEPS` AdamW steps under :data:`AVERAGE_PLAN`, freezing to the average,
+    each rank its own data; per step the stem's whole weights before and after the step
+    boundary and its BatchNorm statistics. With ``stop``, saved after step ``stop`` and
+    resumed into a fresh model, optimizer and Egeria: through DCP (``via="dcp"``) or as the HF
+    Trainer drives ``EgeriaCallback`` (``via="hf"``: each rank its own shards, ``on_save`` on
+    every rank, rank 0 alone writing Egeria's state, the resume on every rank)."""
+    from types import SimpleNamespace
+
+    from egeria.integrations.hf import EgeriaCallback
+
+    data = batches(AVERAGE_STEPS, classes=CLASSES, seed=rank + 1)
+    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None,
+                           should_save=rank == 0, output_dir=f"{out}/average-output-rank{rank}",
+                           resume_from_checkpoint=None)
+    state = SimpleNamespace(max_steps=AVERAGE_STEPS, global_step=0)
+
+    def begin(seed: int, shards: str | None = None):
+        model = sharded_chain(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        average = egeria.WeightAverage(span=AVERAGE_SPAN)
+        if via == "dcp":
+            return model, opt, None, egeria.Egeria(model, opt, policy=Plan(AVERAGE_PLAN), average=average)
+        if shards is not None:  # what the Trainer restores before on_train_begin
+            saved = torch.load(shards, weights_only=False)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+        callback = EgeriaCallback(policy=Plan(AVERAGE_PLAN), average=average, log_signals=False)
+        callback.on_train_begin(args, state, None, model=model, optimizer=opt, lr_scheduler=None)
+        return model, opt, callback, callback.egeria
+
+    def stem(model) -> torch.Tensor:
+        return torch.cat([p.full_tensor().flatten() for p in model.stem.parameters()])
+
+    model, opt, callback, eg = begin(0)
+    record: dict = {"before": [], "after": [], "bn": [], "frozen": []}
+    for step, (x, y) in enumerate(data, start=1):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        record["before"].append(stem(model))
+        if callback is None:
+            eg.step(loss)
+        else:
+            state.global_step = step
+            callback.on_step_end(args, state, None)
+        record["after"].append(stem(model))
+        bn = model.stem[1]
+        record["bn"].append(torch.cat([bn.running_mean, bn.running_var]).clone())
+        record["frozen"].append(list(eg.frozen))
+        if step == stop:
+            if callback is None:
+                folder = f"{out}/average-dcp-{stop}"
+                dcp.save({"train": eg.dcp_state()}, checkpoint_id=folder)
+                eg.close()
+                model, opt, callback, eg = begin(100)  # other weights until the checkpoint loads
+                dcp.load({"train": eg.dcp_state()}, checkpoint_id=folder)
+            else:
+                if args.should_save:
+                    os.makedirs(f"{args.output_dir}/checkpoint-{stop}")  # the Trainer's folder, on the saving rank
+                shards = f"{out}/average-shards-{stop}-rank{rank}.pt"
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, shards)
+                callback.on_save(args, state, None)
+                callback.on_train_end(args, state, None)
+                model, opt, callback, eg = begin(100, shards)
+            record["frozen_after_load"] = list(eg.frozen)
+    record["weights"] = full(model)
+    eg.close()
+    return record
+
+
+def averaging(rank: int, world: int, out: str) -> dict:
+    """Freezing to the average under FSDP2: uninterrupted; resumed through DCP after step 2
+    (averages under way) and after step 6 (the BatchNorm re-estimate under way); resumed
+    through the HF callback after step 6."""
+    return {"uninterrupted": _average_run(rank, out), "dcp_2": _average_run(rank, out, 2),
+            "dcp_6": _average_run(rank, out, 6), "hf_6": _average_run(rank, out, 6, via="hf")}
+
+
+SCENARIOS = (freeze_unfreeze, resume_equals_uninterrupted, egeria_rule, hf_callback, activation_cache, refusals, lightning,
+             averaging)
 
 
 def every_scenario(rank: int, world: int, out: str) -> None:

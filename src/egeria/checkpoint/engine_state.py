@@ -27,7 +27,7 @@ from .statecheck import check
 
 if TYPE_CHECKING:
     from ..config import EgeriaConfig
-    from ..distributed import WholeWeights
+    from ..distributed import Ranks, WholeWeights
     from ..freezing import FrozenPrefix
     from ..layers import RunLayers
     from ..lr_schedule import ScheduleWatch
@@ -62,6 +62,8 @@ class Checkpointing:
     _cache: Any
     _counter: OptimizerSteps
     _whole: WholeWeights | None
+    _fsdp2_ranks: Ranks | None
+    _state_is_collective: bool
 
     def state_dict(self) -> dict:
         """Egeria's state as a JSON-safe dict.
@@ -71,8 +73,9 @@ class Checkpointing:
         snapshot tensors that differ from the model's current weights (those of the watched
         module, base64-encoded) and its int8 calibration, so it is larger than a few numbers.
 
-        Under FSDP2 with Egeria's rule every rank must call it (as DCP and Lightning do):
-        the rule's state is made from the whole weights, which every rank gathers.
+        Under FSDP2 with Egeria's rule or freezing to the average every rank must call it
+        (as DCP and Lightning do): the rule's state is made from the whole weights, and the
+        averages are saved whole, which every rank gathers.
 
         Raises:
             RuntimeError: after :meth:`close`.
@@ -135,8 +138,9 @@ class Checkpointing:
         range, the partition, the tensors' shapes and dtypes, the policy's state), so a
         state it refuses leaves this Egeria as it was.
 
-        Under FSDP2 with Egeria's rule every rank must call it (as for DDP): the reference
-        is rebuilt from the whole weights, which every rank gathers.
+        Under FSDP2 with Egeria's rule or freezing to the average every rank must call it
+        (as for DDP): the reference is rebuilt from the whole weights, which every rank
+        gathers, and each rank takes its shards of the averages.
 
         Raises:
             ValueError: naming the field that does not fit this model or this format.
@@ -200,12 +204,14 @@ class Checkpointing:
             self._cache.set_frozen(prefix.settled)
 
     def _agree_to_load(self, refused: ValueError | None) -> None:
-        """Under FSDP2 with Egeria's rule every rank loads (the reference is rebuilt from
-        whole weights they gather) and only rank 0 checks the policy's state: every rank
+        """Under FSDP2 with Egeria's rule or freezing to the average every rank loads (the
+        reference is rebuilt from whole weights they gather, the averages are cut into each
+        rank's shards) and only rank 0 checks the policy's state: every rank
         takes the state, or none does. Raises on a rank whose own check passed where
         another's refused (the refusing rank raises its own error)."""
-        if self._whole is None or self._whole.ranks is None:
+        ranks = self._fsdp2_ranks if self._state_is_collective else None
+        if ranks is None:
             return
-        if not self._whole.ranks.all_true(refused is None, "eg.load_state_dict() (every rank, under FSDP2)") and refused is None:
+        if not ranks.all_true(refused is None, "eg.load_state_dict() (every rank, under FSDP2)") and refused is None:
             raise ValueError("another rank refused this Egeria state (rank 0 checks the policy's state; its error says why); "
                              "nothing of Egeria's changed")

@@ -285,8 +285,9 @@ class EgeriaCallback(TrainerCallback):
         """Writes Egeria's state into the checkpoint folder the Trainer just saved (the
         Trainer calls this on every rank; the ranks that save write it)."""
         eg = self.egeria
-        # Under FSDP2 Egeria's rule makes its state from whole weights that every rank gathers.
-        if eg is None or not (args.should_save or eg._whole is not None):
+        # Under FSDP2 Egeria's rule makes its state from whole weights, and the averages are
+        # saved whole, which every rank gathers.
+        if eg is None or not (args.should_save or eg._state_is_collective):
             return
         made = eg.state_dict()
         if not args.should_save:
@@ -311,11 +312,12 @@ class EgeriaCallback(TrainerCallback):
     def _resume(self, args: Any, state: Any) -> None:
         """Rank 0 finds Egeria's state of the resumed step; every rank loads what rank 0
         found (so a folder one rank cannot see never splits the frozen sets), or raises the
-        error rank 0 met. Under FSDP2 with Egeria's rule the ranks load it together (its
-        reference is rebuilt from whole weights they gather, and they take the state or
-        refuse it together); otherwise rank 0 loads it and the others take its state."""
+        error rank 0 met. Under FSDP2 with Egeria's rule or freezing to the average the
+        ranks load it together (the rule's reference is rebuilt from whole weights they
+        gather, each rank cuts its shards of the averages, and they take the state or refuse
+        it together); otherwise rank 0 loads it and the others take its state."""
         eg = self.egeria
-        together = eg._whole is not None
+        together = eg._state_is_collective
         outcome = self._resume_on_rank0(args, state, load=not together) if eg._decides else None
         kind, detail = eg._from_rank0(outcome, "EgeriaCallback's resume (on_train_begin)")
         if kind == "error":
