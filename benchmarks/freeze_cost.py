@@ -116,6 +116,10 @@ def plot(rows: list[dict], target: Path, task: str, steps: int) -> None:
     for i, arm in enumerate(arms):
         finals = [100 * r["final"] for r in rows if r["arm"] == arm]
         ax.scatter([i] * len(finals), finals, color="tab:gray" if arm == "none" else "tab:blue")
+    plain = [100 * r["final"] for r in rows if r["arm"] == "none"]
+    if len(plain) > 1:
+        ax.axhline(min(plain), color="tab:gray", linestyle=":", linewidth=1, label="worst plain seed")
+        ax.legend(loc="lower left", fontsize=8)
     ax.set_xticks(range(len(arms)), arms)
     ax.set_ylabel("final held-out accuracy (%)")
     ax.set_title(f"{task}, {steps} steps: freezing the first k modules at step s")
