@@ -244,6 +244,27 @@ class LossChain(Chain):
         return {"loss": F.cross_entropy(logits, y), "logits": logits}
 
 
+def _trainer_args(rank: int, output_dir: str):
+    """The ``TrainingArguments`` fields ``EgeriaCallback`` reads, as the Trainer sets them
+    under FSDP2 on 2 ranks: rank 0 alone saves, into ``output_dir``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None,
+                           should_save=rank == 0, output_dir=output_dir, resume_from_checkpoint=None)
+
+
+def _save_shards(model, opt, path: str) -> None:
+    """This rank's model and optimizer shards, as the Trainer's checkpoint holds them."""
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+
+
+def _restore_shards(model, opt, path: str) -> None:
+    """What the Trainer restores from :func:`_save_shards` before ``on_train_begin``."""
+    saved = torch.load(path, weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+
+
 def _hf_run(rank: int, out: str, stop: int | None = None) -> dict:
     """:func:`_rule_run`'s FSDP2 run driven as the HF Trainer drives ``EgeriaCallback``
     (accelerate shards only on accelerators, so the Trainer itself cannot run here): the
@@ -257,17 +278,14 @@ def _hf_run(rank: int, out: str, stop: int | None = None) -> dict:
     from egeria.integrations.hf import EgeriaCallback
 
     data = batches(1, classes=CLASSES, seed=rank + 1) * RULE_STEPS
-    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None,
-                           should_save=rank == 0, output_dir=f"{out}/hf-output-rank{rank}", resume_from_checkpoint=None)
+    args = _trainer_args(rank, f"{out}/hf-output-rank{rank}")
     state = SimpleNamespace(max_steps=RULE_STEPS, global_step=0)
 
     def begin(seed: int, shards: str | None = None):
         model = sharded_chain(seed, kind=LossChain)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
         if shards is not None:  # what the Trainer restores before on_train_begin
-            saved = torch.load(shards, weights_only=False)
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
+            _restore_shards(model, opt, shards)
         callback = EgeriaCallback(quick_config(), log_signals=False)
         callback.on_train_begin(args, state, None, model=model, optimizer=opt, lr_scheduler=None)
         return model, opt, callback
@@ -287,7 +305,7 @@ def _hf_run(rank: int, out: str, stop: int | None = None) -> dict:
             if args.should_save:
                 os.makedirs(folder)  # the Trainer's checkpoint folder, on the saving rank
             shards = f"{out}/hf-shards-rank{rank}.pt"
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, shards)
+            _save_shards(model, opt, shards)
             callback.on_save(args, state, None)
             callback.on_train_end(args, state, None)
             model, opt, callback = begin(100, shards)  # other weights until the shards load
@@ -503,9 +521,7 @@ def _average_run(rank: int, out: str, stop: int | None = None, via: str = "dcp")
     from egeria.integrations.hf import EgeriaCallback
 
     data = batches(AVERAGE_STEPS, classes=CLASSES, seed=rank + 1)
-    args = SimpleNamespace(world_size=2, n_gpu=1, fsdp="full_shard", fsdp_config={}, deepspeed=None,
-                           should_save=rank == 0, output_dir=f"{out}/average-output-rank{rank}",
-                           resume_from_checkpoint=None)
+    args = _trainer_args(rank, f"{out}/average-output-rank{rank}")
     state = SimpleNamespace(max_steps=AVERAGE_STEPS, global_step=0)
 
     def begin(seed: int, shards: str | None = None):
@@ -515,9 +531,7 @@ def _average_run(rank: int, out: str, stop: int | None = None, via: str = "dcp")
         if via == "dcp":
             return model, opt, None, egeria.Egeria(model, opt, policy=Plan(AVERAGE_PLAN), average=average)
         if shards is not None:  # what the Trainer restores before on_train_begin
-            saved = torch.load(shards, weights_only=False)
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
+            _restore_shards(model, opt, shards)
         callback = EgeriaCallback(policy=Plan(AVERAGE_PLAN), average=average, log_signals=False)
         callback.on_train_begin(args, state, None, model=model, optimizer=opt, lr_scheduler=None)
         return model, opt, callback, callback.egeria
@@ -553,7 +567,7 @@ def _average_run(rank: int, out: str, stop: int | None = None, via: str = "dcp")
                 if args.should_save:
                     os.makedirs(f"{args.output_dir}/checkpoint-{stop}")  # the Trainer's folder, on the saving rank
                 shards = f"{out}/average-shards-{stop}-rank{rank}.pt"
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, shards)
+                _save_shards(model, opt, shards)
                 callback.on_save(args, state, None)
                 callback.on_train_end(args, state, None)
                 model, opt, callback, eg = begin(100, shards)
