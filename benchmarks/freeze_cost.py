@@ -66,16 +66,19 @@ def parse_arm(text: str, total_steps: int) -> tuple[str, int, dict]:
                      f"static:0:4:25%; a step of the run's {total_steps})")
 
 
-def tag_of(policy: str, options: dict, average: bool = False) -> str:
+def tag_of(policy: str, options: dict, average: bool = False, cache: bool = False) -> str:
     tag = f"static{options['count']}at{options['at_step']}" if policy == "static" else policy
-    return f"{tag}-average" if average and policy != "none" else tag
+    if policy == "none":
+        return tag
+    return tag + ("-average" if average else "") + ("-cache" if cache else "")
 
 
 def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, init: str | None, limit: int | None,
-            epochs: int | None, average: bool = False) -> dict:
+            epochs: int | None, average: bool = False, cache: bool = False) -> dict:
     """The arm's run file, run first if it is not under ``runs``."""
     average = average and policy != "none"
-    out = runs / tag_of(policy, options, average)
+    cache = cache and policy != "none"
+    out = runs / tag_of(policy, options, average, cache)
     path = out / "cpu" / task / f"{policy}-seed{seed}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -83,7 +86,8 @@ def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, ini
 
     overrides = {"policy_options": options} if options else None
     return run_trainer_bench(task, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit, records_per_epoch=1,
-                             init=init, overrides=overrides, heap="default", average=average)
+                             init=init, overrides=overrides, heap="default", average=average,
+                             cache=cache)
 
 
 def total_steps(task: str, limit: int | None, epochs: int | None, init: str | None) -> int:
@@ -96,7 +100,7 @@ def total_steps(task: str, limit: int | None, epochs: int | None, init: str | No
 
 def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) -> dict:
     final = run["final"]
-    out = {"arm": tag_of(policy, options, bool(run.get("average"))), "seed": seed, "options": options, "final": final["metric"],
+    out = {"arm": tag_of(policy, options, bool(run.get("average")), bool(run.get("cache"))), "seed": seed, "options": options, "final": final["metric"],
            "wall_time_s": final["wall_time_s"], "frozen": run["records"][-1]["frozen"],
            "curve": [[r["step"], r["metric"]] for r in run["records"]], "code": run.get("code")}
     if plain is not None:
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/freeze_cost/<task>.json")
     p.add_argument("--average", action="store_true",
                    help="every arm but plain freezes to the average of its recent weights (Egeria(average=WeightAverage()))")
+    p.add_argument("--cache", action="store_true",
+                   help="every arm but plain serves its frozen prefix from the activation cache (EgeriaCallback(cache=True))")
     args = p.parse_args(argv)
     task = args.task
     limit = args.limit if args.limit is not None else CUTS[task][0]
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print(command)
     print(f"machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}; {task}, {steps} steps")
     runs = [run_arm(task, policy, seed, options, runs=args.runs, init=init, limit=limit, epochs=epochs,
-                    average=args.average)
+                    average=args.average, cache=args.cache)
             for policy, seed, options in arms]
     plain = {seed: run for (policy, seed, _), run in zip(arms, runs) if policy == "none"}
     rows = [row(policy, seed, options, run, plain.get(seed)) for (policy, seed, options), run in zip(arms, runs)]
