@@ -1,15 +1,19 @@
-"""When would the rule freeze each module with and without the idle test, replayed on the suite's readings?
+"""When would the rule freeze each module with and without its idle and spent tests, replayed on the suite's readings?
 
 The idle test (docs/decisions/032-idle-modules.md): a module whose smoothed plasticity stays
 at most ``IDLE_SHARE`` (1/100) of the most active watched module's for W evaluations freezes,
-however much learning rate is ahead. This replays the library's own rule
-(:class:`egeria.knowledge.rule.FrontRule`, the settings ``EgeriaConfig()`` gives) on the
-readings each committed Egeria run of the suite recorded, once with the idle test and once
-without, front first as the controller does (every watched module read, then compared, then
-the settled front frozen).
+however much learning rate is ahead. The spent test (docs/decisions/034-spent-modules.md): a
+settled module whose pace has fallen to at most ``SPENT_SHARE`` (1/100) of its fastest times
+the learning rate's share of its peak freezes above the learning-rate bound. This replays the
+library's own rule (:class:`egeria.knowledge.rule.FrontRule`, the settings ``EgeriaConfig()``
+gives) on the readings each committed Egeria run of the suite recorded, as it is, without the
+spent test and without either, front first as the controller does (every watched module read,
+then compared, then the settled front frozen).
 
-A run's readings do not depend on the rule until its first freeze, so the replay stops there
-(a module that would not have frozen by then reads "not by step N"). Each reading's
+A run's readings do not depend on the rule until its first freeze; past it they come from a
+model whose front the run froze, so the replay goes on only while it has frozen what the run
+had at each step, and stops after the first evaluation where the two part (a module that
+would not have frozen by then reads "not by step N"). Each reading's
 learning rate, the mass of its interval and the mass still ahead are the run's own (its rows
 record them); the peak is the reading's rate over its recorded share of the peak; floors are
 the raw ones recovered from the smoothed ones the rows carry.
@@ -48,6 +52,8 @@ SUITE = [
     f"{TTA}/cpu/finetune-mnist/egeria-cache-seed1.json",
     f"{TTA}/cpu/transformer-ptb/egeria-cache-seed0.json",
     f"{TTA}/superseded/before-032/cpu/minilm-ptb-order/egeria-seed0.json",  # read with no idle freeze
+    f"{TTA}/cpu/minilm-ptb-order/egeria-seed0.json",  # read with the idle test, before the spent one
+    f"{TTA}/cpu/minilm-ptb-order/egeria-seed1.json",
 ]
 
 
@@ -70,9 +76,10 @@ def raw_floors(rows: list[dict], window: int) -> list[float | None]:
     return out
 
 
-def replay(run: dict, settings, until: int | None) -> dict[str, int | None]:
+def replay(run: dict, settings, own: dict[str, int]) -> tuple[dict[str, int | None], int | None]:
     """Module -> the step of the evaluation at which the rule would freeze it (None: not by
-    ``until``, or never), each reading with the inputs the run recorded."""
+    the step where the replay parted from the run's own freezes ``own``, or never), each
+    reading with the inputs the run recorded; and that step (None: replayed to the end)."""
     from egeria.knowledge.rule import FrontRule
 
     from rule_replay import replay_front
@@ -87,7 +94,9 @@ def replay(run: dict, settings, until: int | None) -> dict[str, int | None]:
                     "peak": lr / share if lr and share else None}
         return inputs
 
-    return replay_front(run, FrontRule(settings), until, inputs_at)
+    frozen = replay_front(run, FrontRule(settings), None, inputs_at, own=own)
+    parted = frozen.pop(None, None)
+    return frozen, parted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,35 +112,37 @@ def main(argv: list[str] | None = None) -> int:
     print("command:", command)
     print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
     settings = rule_settings(EgeriaConfig())
-    variants = {"with the idle test": settings, "without": dataclasses.replace(settings, idle_share=None)}
+    variants = {"the rule": settings, "without spent": dataclasses.replace(settings, spent_share=None),
+                "without either": dataclasses.replace(settings, spent_share=None, idle_share=None)}
     results = []
     for path in args.runs:
         run = json.loads((ROOT / path).read_text())
         total = run["total_steps"]
-        first = next((e["step"] for e in run.get("events", []) if e.get("action") == "freeze"), None)
         own = {m: e["step"] for e in run.get("events", []) if e.get("action") == "freeze" for m in e["modules"]}
         print(f"\n{path} ({run['task']}, seed {run['seed']}, {total} steps): its own freezes "
-              + (", ".join(f"{m} {s}" for m, s in own.items()) or "none")
-              + ("; replayed to the end" if first is None else f"; replayed until step {first}"))
-        entry = {"run": path, "task": run["task"], "seed": run["seed"], "total_steps": total, "replayed_until": first,
-                 "own_freezes": own, "replays": {}}
+              + (", ".join(f"{m} {s}" for m, s in own.items()) or "none"))
+        entry = {"run": path, "task": run["task"], "seed": run["seed"], "total_steps": total,
+                 "own_freezes": own, "replays": {}, "parted_at": {}}
         lr_share = {r["step"]: r.get("lr_share") for r in run["plasticity"]}
         for name, variant in variants.items():
-            frozen = replay(run, variant, first)
+            frozen, parted = replay(run, variant, own)
             cells = []
             for module, step in frozen.items():
                 if step is None:
-                    cells.append(f"{module} {'never' if first is None else 'not by ' + str(first)}")
+                    cells.append(f"{module} {'never' if parted is None else 'not by ' + str(parted)}")
                 else:
                     share = lr_share.get(step)
                     cells.append(f"{module} {step} ({step / total:.0%} of the run"
                                  + (f", lr {share:.2g} of its peak)" if share is not None else ")"))
             entry["replays"][name] = frozen
-            print(f"  {name:<20}" + "; ".join(cells))
+            entry["parted_at"][name] = parted
+            print(f"  {name:<16}" + "; ".join(cells)
+                  + ("" if parted is None else f" [parted from the run at step {parted}]"))
         results.append(entry)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": command, "machine": describe_machine(),
-                                    "idle_share": settings.idle_share, "results": results}, indent=1) + "\n")
+                                    "idle_share": settings.idle_share, "spent_share": settings.spent_share,
+                                    "results": results}, indent=1) + "\n")
     print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
     return 0
 

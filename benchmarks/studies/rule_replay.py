@@ -96,7 +96,8 @@ class RawFloors:
         return value
 
 
-def replay_front(run: dict, rule, until: int | None, inputs_at) -> dict[str, int | None]:
+def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, int] | None = None,
+                 ) -> dict[str, int | None]:
     """Module -> the step of the evaluation at which ``rule`` (a
     :class:`egeria.knowledge.rule.FrontRule`) would freeze it on the run's recorded readings
     (None: not by ``until``, or never), front first as the controller does: every watched
@@ -105,15 +106,18 @@ def replay_front(run: dict, rule, until: int | None, inputs_at) -> dict[str, int
     ``inputs_at(step, rows)`` is called at every evaluation with its rows by module and
     returns, for a module, the keyword arguments of :meth:`FrontRule.read` besides the
     plasticity (learning rate, floor, mass, mass ahead, ...); it is asked only for the
-    modules read."""
+    modules read. With ``own`` (the run's own freezes, module -> step) the replay goes on
+    past ``until`` for as long as it has frozen what the run had by each step, and stops
+    after the first evaluation where the two part (past it the readings come from a model
+    the replayed rule would not have trained): that step is returned under the key None."""
     modules = list(dict.fromkeys(row["module"] for row in run["plasticity"]))
     by_step: dict[int, dict[str, dict]] = defaultdict(dict)
     for row in run["plasticity"]:
         by_step[row["step"]][row["module"]] = row
-    frozen_at: dict[str, int | None] = {m: None for m in modules}
+    frozen_at: dict[str | None, int | None] = {m: None for m in modules}
     front = 0
     for step in sorted(by_step):
-        if until is not None and step > until:
+        if own is None and until is not None and step > until:
             break
         readings = by_step[step]
         inputs = inputs_at(step, readings)
@@ -129,6 +133,9 @@ def replay_front(run: dict, rule, until: int | None, inputs_at) -> dict[str, int
         if count:
             front += count
             rule.forget_before(front)
+        if own is not None and front != sum(1 for m in modules if own.get(m) is not None and own[m] <= step):
+            frozen_at[None] = step  # parted from the run: its readings on come from another model
+            break
     return frozen_at
 
 

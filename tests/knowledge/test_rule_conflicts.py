@@ -80,7 +80,7 @@ def _cosine_run(caplog, speed, steps: int = 700) -> egeria.Egeria:
 
 
 @pytest.mark.parametrize("speed", ["safe", "fast"])
-def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(caplog, speed, no_idle):
+def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(caplog, speed, no_idle, no_spent):
     """About 700 steps of warm-up and cosine, n=20: the rate halves between the last
     readings, which once restarted every watch so that nothing froze; now the modules'
     watches go on and they freeze once the rate is at the speed's bound."""
@@ -96,7 +96,7 @@ def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(capl
     assert not [r for r in caplog.records if "with nothing frozen" in r.getMessage()]
 
 
-def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplog, no_idle):
+def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplog, no_idle, no_spent):
     """At 1/100 of the peak a 319-step run (a 269-step cosine) has its last 17 steps, and
     no reading of n=20 comes there (at 300 the rate is above it, 320 is past the end):
     nothing still learning freezes, and the warning says so, not that the schedule is
@@ -106,6 +106,19 @@ def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplo
     assert not [e for e in eg.events if e.action == "freeze"] and len(said) == 1, said
     assert "unknown schedule" not in said[0] and "that speed='safe' allows" in said[0]
     assert re.search(r"only the run's last 1\d steps are at or under it, fewer than the n=20", said[0]), said[0]
+
+
+def test_a_warmup_cosine_module_spent_above_the_bound_freezes_and_says_so(caplog, no_idle):
+    """The same run with the spent test (docs/decisions/034-spent-modules.md): the tiny chain
+    learns its seven batches, its modules' paces fall a hundredfold beyond the rate's fall
+    well above the bound, and they freeze there with the reason's figures; the rows carry
+    each pace's share of its fastest."""
+    eg = _cosine_run(caplog, "safe")
+    spent = [e for e in eg.events if e.action == "freeze" and "spent: pace" in e.reason]
+    assert spent and spent[0] == next(e for e in eg.events if e.action == "freeze")
+    for e in spent:
+        row = next(r for r in eg.history if r["step"] == e.evaluated_at and r["module"] == e.modules[0])
+        assert row["lr_share"] > SPEEDS["safe"] and row["pace_share"] <= 0.01 * row["lr_share"] * (1 + 1e-9)
 
 
 class MeasuredLater(CostBudget):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from egeria.config import SPEEDS
 from egeria.checkpoint.statecheck import check
 from egeria.knowledge.plasticity import ModuleWatch
 from egeria.knowledge.policy import rule_settings
-from egeria.knowledge.rule import IDLE_SHARE, FrontRule, Outlook, RuleSettings, at_most
+from egeria.knowledge.rule import IDLE_SHARE, SPENT_SHARE, FrontRule, Outlook, RuleSettings, at_most
 from egeria.knowledge.service import ControllerSpec
 from egeria.knowledge.weights import float_snapshot
 from fakes import Recorder
@@ -309,6 +310,7 @@ def test_a_schedule_that_never_comes_down_to_the_bound_says_so_once_and_freezes_
     ended = [r.getMessage() for r in caplog.records if "nothing frozen" in r.getMessage()]
     assert len(ended) == 1 and "of its peak, above the 0.01 that speed='safe' allows" in ended[0]
     assert "the schedule never comes down that low" in ended[0]
+    assert re.search(r"nor spent: pace [0-9.e-]+ of its fastest, against 0.01 of the learning rate's share", ended[0])
     # the same run under the paper's rule is not told
     caplog.clear()
     model = Chain()
@@ -506,7 +508,7 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     policy = egeria.KnowledgeGuided(config)
     assert policy.rule_settings == RuleSettings(
         window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=SPEEDS["safe"],
-        idle_share=IDLE_SHARE,
+        idle_share=IDLE_SHARE, spent_share=SPENT_SHARE,
     )
     paper = egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).rule_settings
     assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio, paper.low_lr, paper.idle_share) == (
@@ -627,3 +629,76 @@ def test_idle_modules_freeze_with_a_reason_naming_the_most_active_one():
     assert decision.step == 3  # the 1st evaluation builds the reference, the 2nd and 3rd read idle: W = 2
     assert decision.modules == tuple(partition.names[:2])  # the stem, and the BatchNorm that only passes it on
     assert f"at most {IDLE_SHARE:g} of the most active watched module's ({partition.names[2]})" in decision.reason
+
+
+def _spent_settings(**kw) -> RuleSettings:
+    return RuleSettings(**{"window": 2, "tolerance_ratio": 0.2, "horizon": 0.0005, "low_lr": SPEEDS["safe"],
+                           "spent_share": SPENT_SHARE, **kw})
+
+
+def _read_pace(rule: FrontRule, paces, lr: float, peak: float = 0.1, ahead: float = 0.5) -> None:
+    """Readings over intervals of mass 1 (a reading's pace is its plasticity) at ``lr``."""
+    for pace in paces:
+        rule.read(0, pace, lr, mass=1.0, ahead=ahead, peak=peak, regime=-1)
+
+
+def test_a_settled_module_whose_pace_fell_a_hundredfold_beyond_the_rate_freezes_above_the_bound():
+    """The spent test (docs/decisions/034-spent-modules.md): a settled module whose median pace
+    is at most SPENT_SHARE of its fastest times the learning rate's share of its peak freezes
+    though the rate is far above the bound and its outlook above the horizon; a hair above
+    that share does not, and under the paper's rule nothing is spent."""
+    rule = FrontRule(_spent_settings())
+    _read_pace(rule, [1.0, 1.0, 1.0], lr=0.1)  # the fastest: 1.0 at the peak
+    _read_pace(rule, [0.01 * 0.8 * 0.99] * 4, lr=0.08)  # at 0.8 of the peak, 0.0079 of the fastest
+    assert rule.outlook(0).fastest == 1.0 and rule.outlook(0).pace_share == pytest.approx(0.00792)
+    assert rule.watches[0].stale >= 2 and rule.outlook(0).share > 0.0005 and not rule.lr_low()
+    assert rule.spent(0) and rule.settled(0)
+    edge = FrontRule(_spent_settings())
+    _read_pace(edge, [1.0, 1.0, 1.0], lr=0.1)
+    _read_pace(edge, [0.01 * 0.8 * 1.01] * 4, lr=0.08)  # a hair above: waits for the bound
+    assert edge.watches[0].stale >= 2 and not edge.spent(0) and not edge.settled(0)
+    paper = FrontRule(RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.0005, low_lr=SPEEDS["safe"]))
+    _read_pace(paper, [1.0, 1.0, 1.0], lr=0.1)
+    _read_pace(paper, [1e-6] * 4, lr=0.08)
+    assert not paper.spent(0) and not paper.settled(0)
+    assert rule_settings(egeria.EgeriaConfig(rule="paper")).spent_share is None
+    assert rule_settings(egeria.EgeriaConfig(speed="fast")).spent_share == SPENT_SHARE  # at every speed
+
+
+def test_a_pace_that_falls_with_the_rate_is_not_spent_nor_one_still_moving():
+    """A pace a hundredfold under its fastest after a hundredfold fall of the rate has fallen
+    no more than the rate explains: not spent (it waits for the bound, which it is at); a module
+    whose pace fell a hundredfold but whose readings still slope is not settled; without a
+    known rate nothing is spent."""
+    rule = FrontRule(_spent_settings(horizon=1e-9))
+    _read_pace(rule, [1.0, 1.0, 1.0], lr=0.1)
+    _read_pace(rule, [0.011] * 4, lr=0.001)  # the rate at 1/100, the pace at 0.011 of the fastest
+    assert rule.lr_share == pytest.approx(0.01) and not rule.spent(0)
+    sloped = FrontRule(_spent_settings())
+    _read_pace(sloped, [1.0, 0.5, 1.0], lr=0.1)
+    for plasticity in (5.0, 10.0, 20.0, 40.0):  # over far more mass: paces of 0.005 at most, readings rising
+        sloped.read(0, plasticity, 0.1, mass=8000.0, ahead=0.5, peak=0.1, regime=-1)
+    assert sloped.spent(0) and sloped.watches[0].stale < 2 and not sloped.settled(0)
+    unknown = FrontRule(_spent_settings())
+    for pace in (1.0, 1.0, 1e-6, 1e-6, 1e-6):
+        unknown.read(0, pace, None, mass=1.0, ahead=0.5)
+    assert unknown.lr_share is None and not unknown.spent(0)
+
+
+def test_the_fastest_pace_goes_through_a_checkpoint_and_restarts_and_an_older_state_loads_it_from_its_paces():
+    rule = FrontRule(_spent_settings())
+    _read_pace(rule, [1.0, 2.0, 3.0, 0.5], lr=0.1)
+    assert rule.outlook(0).fastest == 2.5  # the largest median of the last W = 2 paces
+    rule.restart(window=2)
+    assert rule.outlook(0).paces == [] and rule.outlook(0).fastest == 2.5
+    copy = FrontRule(_spent_settings())
+    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert copy.outlook(0).fastest == 2.5
+    older = FrontRule(_spent_settings())
+    _read_pace(older, [1.0, 3.0], lr=0.1)
+    state = json.loads(json.dumps(older.state_dict()))
+    del state["outlooks"]["0"]["fastest"]
+    check(state["outlooks"]["0"], Outlook.state_spec())
+    loaded = FrontRule(_spent_settings())
+    loaded.load_state_dict(state)
+    assert loaded.outlook(0).fastest == 3.0  # the largest pace it kept

@@ -196,6 +196,9 @@ class Controller:
         tolerance = self.rule.tolerance(index) or 0.0
         why = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
         outlook = self.rule.outlook(index)
+        if self.rule.spent(index):
+            return (f"{why}; spent: pace {outlook.pace_share:.2g} of its fastest at a learning rate "
+                    f"{self.rule.lr_share:.2g} of its peak, at most {self.rule.spent_share:g} of that share")
         if self.rule.horizon is None or self.rule.horizon >= 1 or outlook is None or outlook.share is None:
             return why  # the condition is off: the slope decided
         why = f"{why}; drift still to come {outlook.share:.2g} of its largest"
@@ -233,6 +236,7 @@ class Controller:
             "mass_ahead": request.mass_ahead,  # the learning-rate mass still to come after the step
             "lr_share": self.rule.lr_share,  # the learning rate as a share of the run's peak so far
             "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median of the last W
+            "pace_share": None if outlook is None else outlook.pace_share,  # the pace / the fastest it has had
             "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
             "floor": reading.floor,  # the smoothed floor (None: not measured)
             "quiet": reading.quiet,

@@ -47,7 +47,7 @@ from .executors import Executor, make_executor
 from .link import ControllerLink
 from .plasticity import REGIME_CHANGE
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
-from .rule import IDLE_SHARE, RuleSettings, at_most
+from .rule import IDLE_SHARE, SPENT_SHARE, RuleSettings, at_most
 from .service import ControllerSpec
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
@@ -83,6 +83,7 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         floor_ratio=config.floor_ratio or None,
         low_lr=lr_bound(config.speed) if config.rule == "egeria" else None,
         idle_share=IDLE_SHARE if config.rule == "egeria" else None,
+        spent_share=SPENT_SHARE if config.rule == "egeria" else None,
     )
 
 
@@ -283,6 +284,10 @@ class KnowledgeGuided:
                        "between two readings)" if below is not None and below < (self.eval_interval or 0) else "")
                     + "; speed='balanced' or 'fast' freeze earlier, at some cost in accuracy"
                 )
+                spent, pace_share = self.rule_settings.spent_share, last.get("pace_share")
+                if spent is not None and pace_share is not None:
+                    blocked.append(f"nor spent: pace {pace_share:.2g} of its fastest, against {spent:g} of the "
+                                   f"learning rate's share ({spent * lr_share:.2g})")
         if not blocked:
             blocked.append("its last readings met the rule too late for a freeze to be applied before the run ended")
         if self.config.floor_ratio and last.get("floor"):

@@ -41,7 +41,12 @@ end of training lowers the loss by annealing the weights while they hardly move,
 drift still to come does not see. Every freeze measured at 1/100 of the peak or lower
 (after a step schedule's two tenfold decays) cost nothing, those at 1/10 and above cost
 accuracy (docs/decisions/030-freeze-at-low-lr.md). The peak is the highest learning rate
-the rule has been told of: the schedule's, and every reading's.
+the rule has been told of: the schedule's, and every reading's. Unless it is *spent*: settled
+by the slope test with its pace at most ``spent_share`` (1/100) of the fastest it has had
+times the learning rate's share of its peak, fallen a hundredfold beyond what the rate's own
+fall explains (a pretrained layer done adapting while the rate is still high). A spent module
+freezes whatever its outlook and the learning rate: both multiply the mass ahead by a pace
+that no longer follows the rate (docs/decisions/034-spent-modules.md).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from typing import Sequence
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["FrontRule", "IDLE_SHARE", "Outlook", "RuleSettings", "at_most"]
+__all__ = ["FrontRule", "IDLE_SHARE", "Outlook", "RuleSettings", "SPENT_SHARE", "at_most"]
 
 # Learning rates are products of factors (0.1 * 0.1 * lr is not 0.01 * lr in floats): a
 # rate this close above the bound is at it.
@@ -66,6 +71,14 @@ _LR_SLACK = 1e-6
 #: suite's runs trained from scratch, nor of its weakly pretrained GPT, reads idle (at 3/100
 #: the GPT's front does, and freezing it early costs).
 IDLE_SHARE = 0.01
+
+#: A settled module whose pace (drift per unit of learning-rate mass) is at most this share of
+#: the fastest it has had, times the learning rate's share of its peak, is spent and freezes
+#: whatever its outlook and the learning rate (docs/decisions/034-spent-modules.md): the same
+#: two orders of magnitude, beyond what the rate's fall explains. On the suite's committed
+#: readings only (f)'s layer 3 reads spent, at 25-29% of the run, where a freeze by hand cost
+#: nothing.
+SPENT_SHARE = 0.01
 
 
 def at_most(share: float, bound: float) -> bool:
@@ -99,6 +112,9 @@ class RuleSettings:
         idle_share: a module also settles after W consecutive evaluations whose smoothed
             plasticity is at most this share of the largest smoothed plasticity among the
             modules watched with it (:meth:`FrontRule.compare`; None: not compared).
+        spent_share: a settled module (W stale readings) whose pace is at most this share of
+            its fastest times the learning rate's share of its peak freezes whatever its
+            outlook and ``low_lr`` (:meth:`FrontRule.spent`; None: never).
     """
 
     window: int
@@ -108,6 +124,7 @@ class RuleSettings:
     floor_ratio: float | None = None
     low_lr: float | None = None
     idle_share: float | None = None
+    spent_share: float | None = None
 
 
 class Outlook:
@@ -122,6 +139,7 @@ class Outlook:
         self.paces: list[float] = []  # the last W readings' drift per unit of mass
         self.ahead: float | None = None  # the learning-rate mass ahead at the latest reading
         self.largest = 0.0  # the largest outlook the module has had in the run
+        self.fastest = 0.0  # the largest pace the module has had in the run
 
     def add(self, plasticity: float, mass: float | None, ahead: float | None) -> None:
         """A reading over an interval holding learning-rate mass ``mass`` (the sum of its
@@ -129,17 +147,25 @@ class Outlook:
         self.ahead = ahead
         if mass is not None and mass > 0:
             self.paces = (self.paces + [plasticity / mass])[-self.window:]
+            self.fastest = max(self.fastest, self.pace)
         value = self.value
         if value is not None:
             self.largest = max(self.largest, value)
 
     def restart(self) -> None:
-        """A new regime of the learning rate: the paces start afresh (the largest stays)."""
+        """A new regime of the learning rate: the paces start afresh (the largest and the
+        fastest stay)."""
         self.paces = []
 
     @property
     def pace(self) -> float | None:
         return statistics.median(self.paces) if self.paces else None
+
+    @property
+    def pace_share(self) -> float | None:
+        """The pace as a share of the fastest the module has had (None: no pace yet)."""
+        pace = self.pace
+        return None if pace is None or self.fastest <= 0 else pace / self.fastest
 
     @property
     def value(self) -> float | None:
@@ -156,7 +182,7 @@ class Outlook:
         return value / self.largest
 
     def state_dict(self) -> dict:
-        return {"paces": list(self.paces), "ahead": self.ahead, "largest": self.largest}
+        return {"paces": list(self.paces), "ahead": self.ahead, "largest": self.largest, "fastest": self.fastest}
 
     @classmethod
     def from_state(cls, window: int, state: dict) -> Outlook:
@@ -164,11 +190,14 @@ class Outlook:
         outlook.paces = [float(p) for p in state["paces"]][-window:]
         outlook.ahead = None if state["ahead"] is None else float(state["ahead"])
         outlook.largest = float(state["largest"])
+        # a state from before the spent test: the fastest known is among the paces it kept
+        outlook.fastest = float(state.get("fastest", max(outlook.paces, default=0.0)))
         return outlook
 
     @staticmethod
     def state_spec() -> Spec:
-        return record({"paces": items(number(0)), "ahead": optional(number(0)), "largest": number(0)})
+        return record({"paces": items(number(0)), "ahead": optional(number(0)), "largest": number(0),
+                       "fastest": number(0)}, optional=("fastest",))
 
 
 class FrontRule:
@@ -187,6 +216,7 @@ class FrontRule:
         self.floor_ratio = settings.floor_ratio
         self.low_lr = settings.low_lr
         self.idle_share = settings.idle_share
+        self.spent_share = settings.spent_share
         self.active: int | None = None  # the most active module at the latest compare()
         self.lr: float | None = None  # the learning rate of the latest reading
         self.peak: float | None = None  # the highest learning rate of the run known so far
@@ -256,9 +286,9 @@ class FrontRule:
 
     def settled(self, index: int) -> bool:
         """The rule says freeze: W quiet readings (at the floor) or W idle ones (at most
-        ``idle_share`` of the most active module's); or W stale readings and (under Egeria's
-        criterion) an outlook at most ``horizon`` of its largest at a learning rate at most
-        ``low_lr`` of the peak."""
+        ``idle_share`` of the most active module's); or W stale readings and the module spent
+        (:meth:`spent`) or (under Egeria's criterion) an outlook at most ``horizon`` of its
+        largest at a learning rate at most ``low_lr`` of the peak."""
         watch = self.watches.get(index)
         if watch is None or not watch.smoothed:
             return False
@@ -266,6 +296,8 @@ class FrontRule:
             return True
         if watch.stale < self.window:
             return False
+        if self.spent(index):
+            return True
         if self.horizon is None or self.horizon >= 1:
             return True
         outlook = self.outlooks.get(index)
@@ -285,6 +317,17 @@ class FrontRule:
             return True
         share = self.lr_share
         return share is not None and at_most(share, self.low_lr)
+
+    def spent(self, index: int) -> bool:
+        """Whether module ``index``'s pace has fallen to at most ``spent_share`` of its fastest
+        times the learning rate's share of its peak: a hundredfold beyond what the rate's own
+        fall explains (False where either share is not known)."""
+        outlook = self.outlooks.get(index)
+        pace_share = None if outlook is None else outlook.pace_share
+        lr_share = self.lr_share
+        if self.spent_share is None or pace_share is None or lr_share is None:
+            return False
+        return pace_share <= self.spent_share * lr_share
 
     def quiet(self, index: int) -> bool:
         """Whether module ``index`` has read at its floor for W readings."""
