@@ -35,3 +35,6 @@ def test_an_arm_frozen_to_the_average_keeps_its_runs_apart_but_plain_is_shared()
     assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}) == "static5at150"
     assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}, True) == "static5at150-average"
     assert freeze_cost.tag_of("none", {}, True) == "none"
+    assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}, cache=True) == "static5at150-cache"
+    assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}, True, True) == "static5at150-average-cache"
+    assert freeze_cost.tag_of("none", {}, cache=True) == "none"
