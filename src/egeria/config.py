@@ -159,8 +159,8 @@ class EgeriaConfig:
     idle ones (at most 1/100 of the most active watched module's plasticity;
     docs/decisions/032-idle-modules.md) freeze. With it, a module that is neither also waits for a learning rate at most
     the share of the run's peak that ``speed`` names (1/100 by default;
-    docs/decisions/030-freeze-at-low-lr.md), unless it is spent: its pace fallen to at most
-    1/100 of its fastest times the learning rate's share of its peak
+    docs/decisions/030-freeze-at-low-lr.md); at speed "fast" also a spent one: its pace fallen
+    to at most 1/100 of its fastest times the learning rate's share of its peak
     (docs/decisions/034-spent-modules.md), which freezes it whatever its outlook. None: the rule's own, 0.0005 at the default
     speed (egeria; see docs/decisions/008-horizon.md), scaled with ``speed``
     (:func:`speed_horizon`: 0.0026 "balanced", 0.016 "fast"), or none (paper: the slope
@@ -171,13 +171,15 @@ class EgeriaConfig:
     still moves (is not at its floor) may freeze. "safe" (default): 1/100, after a step
     schedule's second tenfold decay or in the last few percent of a cosine; every freeze
     measured there cost nothing. "balanced": 1/30. "fast": 1/10, after a step schedule's
-    first decay. A number in (0, 1] is that share itself (1.0: no bound). Unless
+    first decay, where also a settled module whose pace has fallen a hundredfold beyond the
+    learning rate's fall (spent: a pretrained layer done adapting) freezes at any rate
+    (docs/decisions/034-spent-modules.md). A number in (0, 1] is that share itself (1.0: no
+    bound; 1/10 or more also turns the spent test on). Unless
     ``horizon`` is given, it moves the drift still to come that a module may freeze at
     with it (:func:`speed_horizon`). The lower the
     bound, the later and safer the freeze; the measured cost and speedup of each value are
-    in docs/decisions/031-speed-knob.md. Quiet modules (floor_ratio), idle ones
-    (docs/decisions/032-idle-modules.md) and spent ones (docs/decisions/034-spent-modules.md)
-    freeze at any learning rate whatever the value. The paper's rule and the baseline policies
+    in docs/decisions/031-speed-knob.md. Quiet modules (floor_ratio) and idle ones
+    (docs/decisions/032-idle-modules.md) freeze at any learning rate whatever the value. The paper's rule and the baseline policies
     ignore it."""
     floor_ratio: float | None = None
     """A module also freezes after W readings in a row whose smoothed plasticity is at most

@@ -109,16 +109,16 @@ def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplo
 
 
 def test_a_warmup_cosine_module_spent_above_the_bound_freezes_and_says_so(caplog, no_idle):
-    """The same run with the spent test (docs/decisions/034-spent-modules.md): the tiny chain
+    """The same run at speed="fast", with the spent test (docs/decisions/034-spent-modules.md): the tiny chain
     learns its seven batches, its modules' paces fall a hundredfold beyond the rate's fall
     well above the bound, and they freeze there with the reason's figures; the rows carry
     each pace's share of its fastest."""
-    eg = _cosine_run(caplog, "safe")
+    eg = _cosine_run(caplog, "fast")
     spent = [e for e in eg.events if e.action == "freeze" and "spent: pace" in e.reason]
     assert spent and spent[0] == next(e for e in eg.events if e.action == "freeze")
     for e in spent:
         row = next(r for r in eg.history if r["step"] == e.evaluated_at and r["module"] == e.modules[0])
-        assert row["lr_share"] > SPEEDS["safe"] and row["pace_share"] <= 0.01 * row["lr_share"] * (1 + 1e-9)
+        assert row["lr_share"] > SPEEDS["fast"] and row["pace_share"] <= 0.01 * row["lr_share"] * (1 + 1e-9)
 
 
 class MeasuredLater(CostBudget):

@@ -31,7 +31,7 @@ from ..checkpoint.saved_state import SavedContext
 from ..checkpoint.statecheck import Spec, boolean, integer, number, optional, record, text
 from ..config import (
     BOOTSTRAP_CHANGE_RATE, CONTROLLER_TIMEOUT, MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
-    UNFREEZE_LR_DROP, EgeriaConfig, lr_bound,
+    SPEEDS, UNFREEZE_LR_DROP, EgeriaConfig, lr_bound,
 )
 from ..decision import Decision
 from ..hooks import mark
@@ -83,7 +83,8 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         floor_ratio=config.floor_ratio or None,
         low_lr=lr_bound(config.speed) if config.rule == "egeria" else None,
         idle_share=IDLE_SHARE if config.rule == "egeria" else None,
-        spent_share=SPENT_SHARE if config.rule == "egeria" else None,
+        # the spent test takes pretrained layers early at a measured cost: part of "fast" only (034)
+        spent_share=SPENT_SHARE if config.rule == "egeria" and lr_bound(config.speed) >= SPEEDS["fast"] else None,
     )
 
 
