@@ -6,8 +6,8 @@ however much learning rate is ahead. The spent test (docs/decisions/034-spent-mo
 settled module whose pace has fallen to at most ``SPENT_SHARE`` (1/100) of its fastest times
 the learning rate's share of its peak freezes above the learning-rate bound. This replays the
 library's own rule (:class:`egeria.knowledge.rule.FrontRule`, the settings ``EgeriaConfig()``
-gives) on the readings each committed Egeria run of the suite recorded, as it is, without the
-spent test and without either, front first as the controller does (every watched module read,
+gives) on the readings each committed Egeria run of the suite recorded, with the spent test
+(part of ``speed="fast"`` only), as the default is (without it) and without either, front first as the controller does (every watched module read,
 then compared, then the settled front frozen).
 
 A run's readings do not depend on the rule until its first freeze; past it they come from a
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from egeria import EgeriaConfig
     from egeria.bench.machine import describe_machine
     from egeria.knowledge.policy import rule_settings
+    from egeria.knowledge.rule import SPENT_SHARE
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", default=SUITE)
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     print("command:", command)
     print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
     settings = rule_settings(EgeriaConfig())
-    variants = {"the rule": settings, "without spent": dataclasses.replace(settings, spent_share=None),
+    variants = {"with spent": dataclasses.replace(settings, spent_share=SPENT_SHARE),
+                "the default": dataclasses.replace(settings, spent_share=None),
                 "without either": dataclasses.replace(settings, spent_share=None, idle_share=None)}
     results = []
     for path in args.runs:
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(entry)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": command, "machine": describe_machine(),
-                                    "idle_share": settings.idle_share, "spent_share": settings.spent_share,
+                                    "idle_share": settings.idle_share, "spent_share": SPENT_SHARE,
                                     "results": results}, indent=1) + "\n")
     print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
     return 0
