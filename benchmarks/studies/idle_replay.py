@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
     settings = rule_settings(EgeriaConfig())
     variants = {"with spent": dataclasses.replace(settings, spent_share=SPENT_SHARE),
-                "the default": dataclasses.replace(settings, spent_share=None),
+                "the default": settings,
                 "without either": dataclasses.replace(settings, spent_share=None, idle_share=None)}
     results = []
     for path in args.runs:

@@ -96,7 +96,7 @@ def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(capl
     assert not [r for r in caplog.records if "with nothing frozen" in r.getMessage()]
 
 
-def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplog, no_idle, no_spent):
+def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplog, no_idle):
     """At 1/100 of the peak a 319-step run (a 269-step cosine) has its last 17 steps, and
     no reading of n=20 comes there (at 300 the rate is above it, 320 is past the end):
     nothing still learning freezes, and the warning says so, not that the schedule is

@@ -285,10 +285,6 @@ class KnowledgeGuided:
                        "between two readings)" if below is not None and below < (self.eval_interval or 0) else "")
                     + "; speed='balanced' or 'fast' freeze earlier, at some cost in accuracy"
                 )
-                spent, pace_share = self.rule_settings.spent_share, last.get("pace_share")
-                if spent is not None and pace_share is not None:
-                    blocked.append(f"nor spent: pace {pace_share:.2g} of its fastest, against {spent:g} of the "
-                                   f"learning rate's share ({spent * lr_share:.2g})")
         if not blocked:
             blocked.append("its last readings met the rule too late for a freeze to be applied before the run ended")
         if self.config.floor_ratio and last.get("floor"):
@@ -297,6 +293,11 @@ class KnowledgeGuided:
         idle, share = self.rule_settings.idle_share, last.get("active_share")
         if idle is not None and share is not None:
             blocked.append(f"nor idle: plasticity {share:.2g} of the most active watched module's, against {idle:g}")
+        # spent passes over the horizon and the bound alike: named whichever of them held
+        spent, pace_share, lr_share = self.rule_settings.spent_share, last.get("pace_share"), last.get("lr_share")
+        if spent is not None and pace_share is not None and lr_share is not None:
+            blocked.append(f"nor spent: pace {pace_share:.2g} of its fastest, against {spent:g} of the "
+                           f"learning rate's share ({spent * lr_share:.2g})")
         return blocked
 
     def _under_bound(self) -> tuple[LRSchedule, list[bool]] | None:
