@@ -7,7 +7,9 @@ settled module whose pace has fallen to at most ``SPENT_SHARE`` (1/100) of its f
 the learning rate's share of its peak freezes above the learning-rate bound. This replays the
 library's own rule (:class:`egeria.knowledge.rule.FrontRule`, the settings ``EgeriaConfig()``
 gives) on the readings each committed Egeria run of the suite recorded, with the spent test
-(part of ``speed="fast"`` only), as the default is (without it) and without either, front first as the controller does (every watched module read,
+(part of ``speed="fast"`` only), as the default is (without it), without either, and at
+the speed knob's other points ``"balanced"`` and ``"fast"`` (each its bound, horizon and tests),
+front first as the controller does (every watched module read,
 then compared, then the settled front frozen).
 
 A run's readings do not depend on the rule until its first freeze; past it they come from a
@@ -115,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = rule_settings(EgeriaConfig())
     variants = {"with spent": dataclasses.replace(settings, spent_share=SPENT_SHARE),
                 "the default": settings,
-                "without either": dataclasses.replace(settings, spent_share=None, idle_share=None)}
+                "without either": dataclasses.replace(settings, spent_share=None, idle_share=None),
+                # the knob's other points, each with everything it changes (bound, horizon, spent test)
+                "speed balanced": rule_settings(EgeriaConfig(speed="balanced")),
+                "speed fast": rule_settings(EgeriaConfig(speed="fast"))}
     results = []
     for path in args.runs:
         run = json.loads((ROOT / path).read_text())
