@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from egeria.bench.report import NOT_REACHED, UNTIMED, build_report, load_runs
+from egeria.config import EgeriaConfig
 
 MACHINE = {"platform": "Linux-x86_64", "cpu": "test cpu", "cores": 2, "torch": "2.13.0+cpu"}
 OTHER_MACHINE = {**MACHINE, "cpu": "another cpu"}
@@ -352,14 +353,22 @@ def test_config_changed_from_the_defaults_shows_in_the_label(tmp_path: Path) -> 
     paper["config"] = {"eval_interval": None, "window": 10, "rule": "paper", "policy": "egeria"}
     older = _run(acc, "egeria", 2, [10, 20], [0.5, 0.9], 900.0)
     older["config"] = {"eval_interval": None, "window": 10, "policy": "egeria"}
-    runs = (("plain", plain), ("default", default), ("tuned", tuned), ("cached", cached), ("paper", paper), ("older", older))
+    # A speed point: the horizon it resolved to follows the speed and is not shown on its own.
+    fast = _run(acc, "egeria", 3, [10, 20], [0.5, 0.9], 900.0)
+    fast["config"] = {"eval_interval": None, "window": 3, "rule": "egeria", "policy": "egeria", "speed": "fast",
+                      "horizon": EgeriaConfig(speed="fast").horizon}
+    # The same speed with a horizon of the user's: both shown.
+    fast_own = json.loads(json.dumps(fast))
+    fast_own["seed"], fast_own["config"]["horizon"] = 4, 0.001
+    runs = (("plain", plain), ("default", default), ("tuned", tuned), ("cached", cached), ("paper", paper), ("older", older),
+            ("fast", fast), ("fast_own", fast_own))
     for name, run in runs:
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     report = build_report(load_runs([tmp_path]), tmp_path / "report")
     labels = sorted(r["policy"] for r in report["tasks"][acc]["layouts"]["accel"]["rows"])
     assert labels == [
-        "egeria", "egeria[eval_interval=10]", "egeria[eval_interval=10]+cache", "egeria[rule=paper]", "egeria[rule=paper]",
-        "none",
+        "egeria", "egeria[eval_interval=10]", "egeria[eval_interval=10]+cache", "egeria[horizon=0.001, speed=fast]",
+        "egeria[rule=paper]", "egeria[rule=paper]", "egeria[speed=fast]", "none",
     ]
 
 

@@ -83,11 +83,18 @@ def _changed_fields(config: dict, layout: Any) -> dict:
     """Fields of a recorded config that differ from today's defaults for the rule it ran
     (the policy aside, and under ``"accel"`` where the controller runs, which is the
     layout's); fields it does not record are left out. The rule shows where it is not
-    today's default one; a run that records no rule predates them and ran the paper's."""
+    today's default one; a run that records no rule predates them and ran the paper's.
+    Fields that follow the speed (the horizon) are compared with the defaults at the run's
+    speed, so a run at ``speed="fast"`` reads ``speed=fast`` alone."""
     if not config:
         return {}  # a run that records no config says nothing about it
     rule, today = config.get("rule", "paper"), EgeriaConfig().rule
-    defaults = EgeriaConfig(rule=rule if rule in RULES else today).to_dict()
+    rule = rule if rule in RULES else today
+    try:
+        defaults = EgeriaConfig(rule=rule, speed=config.get("speed", EgeriaConfig().speed)).to_dict()
+    except (TypeError, ValueError):  # a speed today's config does not take: shown as changed below
+        defaults = EgeriaConfig(rule=rule).to_dict()
+    defaults["speed"] = EgeriaConfig().speed
     skip = {"policy", "policy_options"}
     if isinstance(layout, dict) and layout.get("name") == "accel":
         skip |= {"executor", "controller_cpus"}
