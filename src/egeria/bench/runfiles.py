@@ -88,18 +88,19 @@ def _changed_fields(config: dict, layout: Any) -> dict:
     speed, so a run at ``speed="fast"`` reads ``speed=fast`` alone."""
     if not config:
         return {}  # a run that records no config says nothing about it
-    rule, today = config.get("rule", "paper"), EgeriaConfig().rule
-    rule = rule if rule in RULES else today
+    today = EgeriaConfig()
+    rule = config.get("rule", "paper")
+    rule = rule if rule in RULES else today.rule
     try:
-        defaults = EgeriaConfig(rule=rule, speed=config.get("speed", EgeriaConfig().speed)).to_dict()
+        defaults = EgeriaConfig(rule=rule, speed=config.get("speed", today.speed)).to_dict()
     except (TypeError, ValueError):  # a speed today's config does not take: shown as changed below
         defaults = EgeriaConfig(rule=rule).to_dict()
-    defaults["speed"] = EgeriaConfig().speed
+    defaults["speed"] = today.speed
     skip = {"policy", "policy_options"}
     if isinstance(layout, dict) and layout.get("name") == "accel":
         skip |= {"executor", "controller_cpus"}
     changed = {k: v for k, v in config.items() if k in defaults and k not in skip and v != defaults[k]}
-    if rule != today:
+    if rule != today.rule:
         changed["rule"] = rule
     return changed
 
