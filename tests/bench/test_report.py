@@ -537,6 +537,11 @@ def test_the_whole_run_at_plains_pace_scales_by_the_steps_that_train_alike(tmp_p
     assert _row(rep, "t", "linear", 0, "cpu")["pace_matched_speedup"] == pytest.approx(1.12)
     assert _row(rep, "t", "static", 0, "cpu")["pace_matched_speedup"] is None  # nothing froze: nothing to scale
     assert _row(rep, "t", "none", 0, "cpu")["pace_matched_speedup"] is None
+    # the frontier plot places a run at plain's pace where it has one, else at its whole run
+    assert _row(rep, "t", "linear", 0, "cpu")["frontier_speedup"] == pytest.approx(1.12)
+    assert _row(rep, "t", "linear", 0, "cpu")["frontier_at_plains_pace"] is True
+    assert _row(rep, "t", "static", 0, "cpu")["frontier_speedup"] == pytest.approx(42.0 / 40.0)
+    assert _row(rep, "t", "static", 0, "cpu")["frontier_at_plains_pace"] is False
     md = (tmp_path / "report.md").read_text()
     assert any(line.startswith("| linear | 0 |") and line.endswith("| 1.12x |") for line in md.splitlines())
 

@@ -124,17 +124,20 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
             files[kind] = name
 
     def frontier(ax: Any, layout: str, runs: list[dict]) -> int:
-        """Every run a point: its whole-run speedup and its final past the worst plain seed."""
+        """Every run a point: its whole-run speedup (at plain's pace where it has one) and its
+        final past the worst plain seed."""
         rows = [row for row in data["layouts"][layout]["rows"]
-                if row.get("whole_run_speedup") is not None and row.get("vs_worst_plain") is not None]
+                if row.get("frontier_speedup") is not None and row.get("vs_worst_plain") is not None]
         for row in rows:
             kind = "plain" if row["plain"] else row["policy"].split()[0]
-            ax.scatter(row["whole_run_speedup"], row["vs_worst_plain"], marker="*" if "egeria" in kind else "o",
+            point = (row["frontier_speedup"], row["vs_worst_plain"])
+            ax.scatter(*point, marker="*" if "egeria" in kind else "o",
                        s=80 if "egeria" in kind else 30, color="black" if row["plain"] else None)
-            ax.annotate(f"{row['policy']} s{row['seed']}", (row["whole_run_speedup"], row["vs_worst_plain"]),
-                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+            raw = "" if row["plain"] or row["frontier_at_plains_pace"] else " raw"
+            ax.annotate(f"{row['policy']} s{row['seed']}{raw}", point, fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
         ax.axhline(0, linestyle=":", color="black")
-        ax.set_xlabel("whole-run speedup over the plain seeds' mean time (x)")
+        ax.set_xlabel("whole-run speedup over the plain seeds' mean time, at plain's pace where known (x)")
         ax.set_ylabel(f"final {metric} past the worst plain seed" + ("" if data["metric"]["higher_is_better"]
                                                                     else " (lower is better: sign turned)"))
         ax.set_title(f"{task}, layout {layout}: speed against {metric}")

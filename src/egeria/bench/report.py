@@ -255,6 +255,11 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
             "pace_matched_speedup": None if untimed else _pace_matched_speedup(r, timed),
             "source": r.get("source"),
         })
+        row = rows[-1]
+        # the frontier plot's speed: at plain's pace where the run has steps that train as plain's
+        # did (runs from sessions that ran at different paces then compare), else the whole run's
+        row["frontier_at_plains_pace"] = row["pace_matched_speedup"] is not None
+        row["frontier_speedup"] = row["pace_matched_speedup"] if row["frontier_at_plains_pace"] else row["whole_run_speedup"]
 
     # Seed noise: the spread of the plain runs' final metrics (max - min), against each
     # other run's distance from the plain runs' mean final.
@@ -481,7 +486,8 @@ _TTA_WORDS = (
     "each other should show the same pace there, since nothing differs yet. Whole run at plain's pace: the plain "
     "seeds' mean wall time / the run's, the run's scaled by the plain seeds' time / its own at its last record "
     "before the first freeze (the steps that train alike), so that a machine running faster or slower for "
-    "one run than for another does not read as a speedup."
+    "one run than for another does not read as a speedup. The frontier plot places each run at its speed at "
+    "plain's pace where it has one, else at its whole-run speedup (those runs' labels end in \"raw\")."
 )
 
 
