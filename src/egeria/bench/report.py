@@ -227,6 +227,8 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
         untimed = bool(r.get("timing_unreliable"))  # its times measure the machine, not the code
         speedup = _ratio(ref_tta, tta[0]) if (ref_tta is not None and tta and not untimed) else None
         ideal = _ratio(ref_flops, float(r["final"]["total_flops"]))
+        whole = None if untimed else _ratio(plain_wall, float(r["final"]["wall_time_s"]))
+        paced = None if untimed else _pace_matched_speedup(r, timed)
         rows.append({
             "policy": policy_label(r),
             "plain": r["policy"] == "none",
@@ -244,22 +246,21 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
             "mlperf_tta_step": fair[1] if fair else None,
             "mlperf_tta_speedup": _ratio(mlperf_ref, fair[0]) if (mlperf_ref is not None and fair and not untimed) else None,
             "ideal_speedup": ideal,
-            # the frontier's two axes: the whole run against the plain seeds' mean time, and
-            # the final metric past the worst plain seed's (> 0: better; in the metric's units)
-            "whole_run_speedup": None if untimed else _ratio(plain_wall, float(r["final"]["wall_time_s"])),
+            "whole_run_speedup": whole,
+            # the frontier's two axes: the whole run against the plain seeds' mean time, at
+            # plain's pace where the run has steps that train as plain's did (runs from sessions
+            # that ran at different paces then compare), and the final metric past the worst
+            # plain seed's (> 0: better; in the metric's units)
+            "frontier_speedup": whole if paced is None else paced,
+            "frontier_at_plains_pace": paced is not None,
             "vs_worst_plain": None if target is None else (
                 (float(r["final"]["metric"]) - target) * (1 if higher else -1)),
             "efficiency": _ratio(speedup, ideal),
             "backward_flops_vs_plain": _ratio(r["final"].get("total_backward_flops"), ref_backward),
             "unfrozen_s_per_step": _unfrozen_pace(r),
-            "pace_matched_speedup": None if untimed else _pace_matched_speedup(r, timed),
+            "pace_matched_speedup": paced,
             "source": r.get("source"),
         })
-        row = rows[-1]
-        # the frontier plot's speed: at plain's pace where the run has steps that train as plain's
-        # did (runs from sessions that ran at different paces then compare), else the whole run's
-        row["frontier_at_plains_pace"] = row["pace_matched_speedup"] is not None
-        row["frontier_speedup"] = row["pace_matched_speedup"] if row["frontier_at_plains_pace"] else row["whole_run_speedup"]
 
     # Seed noise: the spread of the plain runs' final metrics (max - min), against each
     # other run's distance from the plain runs' mean final.
