@@ -10,7 +10,10 @@ early, and a 2.0x goal on (d) and (f) assumes the same is free there.
 (d) is cut down so that an arm takes minutes on 2 cores: the first ``--limit`` training
 sentences (6,400: 200 steps an epoch), 3 epochs (600 steps), the Trainer's linear decay from
 1e-4 to 0, judged on all 7,000 held-out sentences at the end of each epoch. (f) runs at its
-suite length unless ``--limit`` or ``--epochs`` say otherwise. An arm is ``policy:seed`` or
+suite length unless ``--limit`` or ``--epochs`` say otherwise, judged twice an epoch as the
+suite's plain seeds are: an evaluation moves the Trainer's random path (record 033), so an arm
+evaluated at another cadence than its plain run is marked in the table (``*``, and
+``cadence_as_plain`` false in its row), not compared silently. An arm is ``policy:seed`` or
 ``static:seed:count:at``, ``at`` a step or a share of the run's steps (``25%``); each writes
 its run file under ``--runs`` (``<tag>/cpu/<task>/<policy>-seed<seed>.json``, the format of
 ``egeria bench``), and an arm whose file is there is read, not run again. ``--average``
@@ -39,8 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("gpt-ptb-order", "minilm-ptb-order")
-#: Each task's cut: training sentences and epochs (None: the suite's own).
-CUTS = {"gpt-ptb-order": (6400, 3), "minilm-ptb-order": (None, None)}
+#: Each task's cut: training sentences and epochs (None: the suite's own), and evaluations an
+#: epoch (the cadence of the plain runs its arms are set against).
+CUTS = {"gpt-ptb-order": (6400, 3, 1), "minilm-ptb-order": (None, None, 2)}
 
 
 def parse_arm(text: str, total_steps: int) -> tuple[str, int, dict]:
@@ -85,7 +89,8 @@ def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, ini
     from egeria.bench.trainer_run import run_trainer_bench
 
     overrides = {"policy_options": options} if options else None
-    return run_trainer_bench(task, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit, records_per_epoch=1,
+    return run_trainer_bench(task, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit,
+                             records_per_epoch=CUTS[task][2],
                              init=init, overrides=overrides, heap="default", average=average,
                              cache=cache)
 
@@ -98,14 +103,21 @@ def total_steps(task: str, limit: int | None, epochs: int | None, init: str | No
     return built.steps_per_epoch * built.epochs
 
 
+def records_per_epoch(run: dict) -> int:
+    """How many times a run file's run was evaluated in its first epoch (its cadence)."""
+    return sum(1 for r in run["records"] if 0 < r["step"] <= run["steps_per_epoch"])
+
+
 def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) -> dict:
     final = run["final"]
     out = {"arm": tag_of(policy, options, bool(run.get("average")), bool(run.get("cache"))), "seed": seed, "options": options, "final": final["metric"],
            "wall_time_s": final["wall_time_s"], "frozen": run["records"][-1]["frozen"],
-           "curve": [[r["step"], r["metric"]] for r in run["records"]], "code": run.get("code")}
+           "curve": [[r["step"], r["metric"]] for r in run["records"]], "code": run.get("code"),
+           "records_per_epoch": records_per_epoch(run)}
     if plain is not None:
         out["points_vs_plain"] = 100 * (final["metric"] - plain["final"]["metric"])
         out["speedup_vs_plain"] = plain["final"]["wall_time_s"] / final["wall_time_s"]
+        out["cadence_as_plain"] = out["records_per_epoch"] == records_per_epoch(plain)
     return out
 
 
@@ -151,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="every arm but plain serves its frozen prefix from the activation cache (EgeriaCallback(cache=True))")
     args = p.parse_args(argv)
     task = args.task
-    limit = args.limit if args.limit is not None else CUTS[task][0]
-    epochs = args.epochs if args.epochs is not None else CUTS[task][1]
+    cut_limit, cut_epochs, _ = CUTS[task]
+    limit = args.limit if args.limit is not None else cut_limit
+    epochs = args.epochs if args.epochs is not None else cut_epochs
     init = (args.init or str(DEFAULT_INIT)) if task == "gpt-ptb-order" else args.init
     out = args.out or ROOT / "benchmarks" / "results" / "freeze_cost" / f"{task}.json"
     steps = total_steps(task, limit, epochs, init)
@@ -170,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         points = f"{r['points_vs_plain']:+.2f}" if "points_vs_plain" in r else "-"
         speed = f"{r['speedup_vs_plain']:.2f}x" if "speedup_vs_plain" in r else "-"
-        print(f"{r['arm']:<16}{r['seed']:>5}{r['final']:>9.4f}{points:>9}{r['wall_time_s']:>9.1f}{speed:>9}  "
+        mark = "" if r.get("cadence_as_plain", True) else " *"
+        print(f"{r['arm']:<16}{r['seed']:>5}{r['final']:>9.4f}{points + mark:>9}{r['wall_time_s']:>9.1f}{speed:>9}  "
               f"{', '.join(r['frozen']) or '-'}")
+    if not all(r.get("cadence_as_plain", True) for r in rows):
+        print("* evaluated at another cadence than its plain run (another random path, about a reseed)")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": command, "machine": machine, "task": task, "limit": limit,
                                "epochs": epochs, "total_steps": steps, "rows": rows}, indent=1))

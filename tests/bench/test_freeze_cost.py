@@ -38,3 +38,32 @@ def test_an_arm_frozen_to_the_average_keeps_its_runs_apart_but_plain_is_shared()
     assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}, cache=True) == "static5at150-cache"
     assert freeze_cost.tag_of("static", {"count": 5, "at_step": 150}, True, True) == "static5at150-average-cache"
     assert freeze_cost.tag_of("none", {}, cache=True) == "none"
+
+
+def _run(steps, metric=0.9, wall=100.0, steps_per_epoch=100):
+    return {"steps_per_epoch": steps_per_epoch, "records": [{"step": s, "metric": metric, "frozen": []} for s in steps],
+            "final": {"metric": metric, "wall_time_s": wall}}
+
+
+def test_a_runs_cadence_is_its_evaluations_in_the_first_epoch():
+    assert freeze_cost.records_per_epoch(_run([100, 200, 300])) == 1
+    assert freeze_cost.records_per_epoch(_run([50, 100, 150, 200, 250, 300])) == 2
+    assert freeze_cost.records_per_epoch(_run([33, 66, 99, 100, 133])) == 4
+
+
+def test_an_arm_evaluated_at_another_cadence_than_its_plain_is_marked():
+    plain = _run([50, 100, 150, 200], metric=0.9, wall=100.0)
+    same = freeze_cost.row("static", 0, {"count": 2, "at_step": 50}, _run([50, 100, 150, 200], 0.89, 50.0), plain)
+    other = freeze_cost.row("static", 0, {"count": 2, "at_step": 50}, _run([100, 200], 0.89, 50.0), plain)
+    assert same["cadence_as_plain"] and not other["cadence_as_plain"]
+    assert (same["records_per_epoch"], other["records_per_epoch"]) == (2, 1)
+    assert other["points_vs_plain"] == pytest.approx(-1.0) and other["speedup_vs_plain"] == pytest.approx(2.0)
+
+
+def test_fs_arms_are_evaluated_at_the_cadence_of_its_committed_plain_seeds():
+    import json
+
+    plains = sorted((ROOT / "benchmarks/results/tta-full/cpu/minilm-ptb-order").glob("none-seed*.json"))
+    assert len(plains) == 3
+    for path in plains:
+        assert freeze_cost.records_per_epoch(json.loads(path.read_text())) == freeze_cost.CUTS["minilm-ptb-order"][2]
