@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 "without either": dataclasses.replace(settings, spent_share=None, idle_share=None),
                 # the knob's other points, each with everything it changes (bound, horizon, spent test)
                 "speed balanced": rule_settings(EgeriaConfig(speed="balanced")),
-                "speed fast": rule_settings(EgeriaConfig(speed="fast"))}
+                "speed fast": rule_settings(EgeriaConfig(speed="fast")),
+                # the knob's top: no learning-rate bound, the knowledge alone decides
+                "speed 1": rule_settings(EgeriaConfig(speed=1.0))}
     results = []
     for path in args.runs:
         run = json.loads((ROOT / path).read_text())
