@@ -558,3 +558,18 @@ def test_every_run_is_a_point_of_the_frontier_whole_run_speedup_against_the_wors
     assert ptb["vs_worst_plain"] == pytest.approx(120.0 - 118.0)  # perplexity: lower is better, the sign turned
     assert rep["tasks"]["resnet-fmnist"]["plots"]["frontier"] == "resnet-fmnist-frontier.png"
     assert (out / "resnet-fmnist-frontier.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_frontiers_accuracy_axis_turns_logarithmic_only_past_twenty_plain_spreads() -> None:
+    from egeria.bench.plots import frontier_linear_range
+
+    def rows(*points: tuple[bool, float]) -> list[dict]:
+        return [{"plain": plain, "vs_worst_plain": y} for plain, y in points]
+
+    plains = [(True, 0.0), (True, 0.5), (True, 0.85)]
+    assert frontier_linear_range(rows(*plains, (False, -0.7), (False, 0.3))) is None
+    assert frontier_linear_range(rows(*plains, (False, -16.9))) is None  # 19.9 spreads: still linear
+    assert frontier_linear_range(rows(*plains, (False, -208.9))) == pytest.approx(0.85)  # SmartFRZ on (c)
+    # one plain seed (no spread): the nearest point past it sets the scale
+    assert frontier_linear_range(rows((True, 0.0), (False, 0.1), (False, -3.0))) == pytest.approx(0.1)
+    assert frontier_linear_range(rows((True, 0.0))) is None

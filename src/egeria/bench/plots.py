@@ -128,14 +128,19 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
         final past the worst plain seed."""
         rows = [row for row in data["layouts"][layout]["rows"]
                 if row.get("frontier_speedup") is not None and row.get("vs_worst_plain") is not None]
-        for row in rows:
+        rows.sort(key=lambda row: (row["frontier_speedup"], row["vs_worst_plain"]))
+        for i, row in enumerate(rows):
             kind = "plain" if row["plain"] else row["policy"].split()[0]
             point = (row["frontier_speedup"], row["vs_worst_plain"])
             ax.scatter(*point, marker="*" if "egeria" in kind else "o",
                        s=80 if "egeria" in kind else 30, color="black" if row["plain"] else None)
             raw = "" if row["plain"] or row["frontier_at_plains_pace"] else " raw"
-            ax.annotate(f"{row['policy']} s{row['seed']}{raw}", point, fontsize=7, xytext=(3, 3),
+            # neighbours in speed take turns at three heights, so that close points' labels part
+            ax.annotate(f"{row['policy']} s{row['seed']}{raw}", point, fontsize=7, xytext=(3, 3 + 9 * (i % 3)),
                         textcoords="offset points")
+        linear_up_to = frontier_linear_range(rows)
+        if linear_up_to is not None:
+            ax.set_yscale("symlog", linthresh=linear_up_to)
         ax.axhline(0, linestyle=":", color="black")
         ax.set_xlabel("whole-run speedup over the plain seeds' mean time, at plain's pace where known (x)")
         ax.set_ylabel(f"final {metric} past the worst plain seed" + ("" if data["metric"]["higher_is_better"]
@@ -151,6 +156,18 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
     if with_plasticity:
         files["plasticity"] = _plasticity(task, with_plasticity, out)
     return files
+
+
+def frontier_linear_range(rows: list[dict], far: float = 20.0) -> float | None:
+    """The frontier's accuracy axis stays linear unless a point lies ``far`` times or more past
+    the plain seeds' own spread (a run that lost the task, such as SmartFRZ on (c)): then
+    it turns logarithmic beyond that spread (None: linear throughout), so the points near
+    plain keep their distances apart instead of collapsing onto one line."""
+    plain = [abs(row["vs_worst_plain"]) for row in rows if row["plain"]]
+    spread = max(plain, default=0.0) or min((abs(row["vs_worst_plain"]) for row in rows
+                                             if row["vs_worst_plain"]), default=0.0)
+    largest = max((abs(row["vs_worst_plain"]) for row in rows), default=0.0)
+    return spread if spread > 0 and largest >= far * spread else None
 
 
 def _plasticity(task: str, runs: list[dict], out: Path) -> str:
