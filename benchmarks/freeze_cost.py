@@ -39,12 +39,22 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("gpt-ptb-order", "minilm-ptb-order")
-#: Each task's cut: training sentences and epochs (None: the suite's own), and evaluations an
-#: epoch (the cadence of the plain runs its arms are set against).
-CUTS = {"gpt-ptb-order": (6400, 3, 1), "minilm-ptb-order": (None, None, 2)}
+
+
+class Cut(NamedTuple):
+    """A task's cut: training sentences and epochs (None: the suite's own), and evaluations an
+    epoch (the cadence of the plain runs its arms are set against)."""
+
+    limit: int | None
+    epochs: int | None
+    records_per_epoch: int
+
+
+CUTS = {"gpt-ptb-order": Cut(6400, 3, 1), "minilm-ptb-order": Cut(None, None, 2)}
 
 
 def parse_arm(text: str, total_steps: int) -> tuple[str, int, dict]:
@@ -90,7 +100,7 @@ def run_arm(task: str, policy: str, seed: int, options: dict, *, runs: Path, ini
 
     overrides = {"policy_options": options} if options else None
     return run_trainer_bench(task, policy, seed=seed, epochs=epochs, out_dir=out, limit=limit,
-                             records_per_epoch=CUTS[task][2],
+                             records_per_epoch=CUTS[task].records_per_epoch,
                              init=init, overrides=overrides, heap="default", average=average,
                              cache=cache)
 
@@ -163,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="every arm but plain serves its frozen prefix from the activation cache (EgeriaCallback(cache=True))")
     args = p.parse_args(argv)
     task = args.task
-    cut_limit, cut_epochs, _ = CUTS[task]
-    limit = args.limit if args.limit is not None else cut_limit
-    epochs = args.epochs if args.epochs is not None else cut_epochs
+    limit = args.limit if args.limit is not None else CUTS[task].limit
+    epochs = args.epochs if args.epochs is not None else CUTS[task].epochs
     init = (args.init or str(DEFAULT_INIT)) if task == "gpt-ptb-order" else args.init
     out = args.out or ROOT / "benchmarks" / "results" / "freeze_cost" / f"{task}.json"
     steps = total_steps(task, limit, epochs, init)
