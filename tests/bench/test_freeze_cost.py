@@ -19,13 +19,17 @@ spec.loader.exec_module(freeze_cost)
         ("static:0:2:10%", ("static", 0, {"count": 2, "at_step": 75})),
         ("static:0:5:50%", ("static", 0, {"count": 5, "at_step": 375})),
         ("static:0:3:0.01%", ("static", 0, {"count": 3, "at_step": 1})),
+        ("freezeout:0:t0=0.5", ("freezeout", 0, {"t0": 0.5})),
+        ("autofreeze:1:percentile=25,interval=16", ("autofreeze", 1, {"percentile": 25, "interval": 16})),
+        ("egeria:0:speed=fast", ("egeria", 0, {"speed": "fast"})),
     ],
 )
 def test_an_arm_is_a_policy_and_seed_or_a_static_freeze(text, expected):
     assert freeze_cost.parse_arm(text, 750) == expected
 
 
-@pytest.mark.parametrize("text", ["static:0:4", "static:0:4:751", "static:0:4:0", "static:0:4:120%", "none", "x:y"])
+@pytest.mark.parametrize("text", ["static:0:4", "static:0:4:751", "static:0:4:0", "static:0:4:120%", "none", "x:y",
+                                  "none:0:t0=0.5", "freezeout:0:t0", "freezeout:0:=0.5", "static:0:count=2"])
 def test_a_bad_arm_is_named_with_the_runs_length(text):
     with pytest.raises(ValueError, match=rf"arm '{text}'.*the run's 750"):
         freeze_cost.parse_arm(text, 750)
@@ -67,3 +71,37 @@ def test_fs_arms_are_evaluated_at_the_cadence_of_its_committed_plain_seeds():
     assert len(plains) == 3
     for path in plains:
         assert freeze_cost.records_per_epoch(json.loads(path.read_text())) == freeze_cost.CUTS["minilm-ptb-order"].records_per_epoch
+
+
+def test_an_arms_options_run_over_the_tasks_own_and_are_checked_before_anything_runs():
+    defaults = {"freezeout": {"t0": 0.8, "scaling": "cubic"}, "autofreeze": {"interval": 16, "percentile": 50.0}}
+    assert freeze_cost.arm_overrides("freezeout", {"t0": 0.5}, defaults) == {
+        "policy_options": {"t0": 0.5, "scaling": "cubic"}}
+    assert freeze_cost.arm_overrides("freezeout", {}, defaults) == {}  # the task's own options, as the suite ran
+    assert freeze_cost.arm_overrides("egeria", {"speed": "fast"}, defaults) == {"speed": "fast"}
+    assert freeze_cost.arm_overrides("static", {"count": 2, "at_step": 5}, defaults) == {
+        "policy_options": {"count": 2, "at_step": 5}}
+    with pytest.raises(ValueError, match="percentile"):
+        freeze_cost.arm_overrides("autofreeze", {"percentile": 250}, defaults)
+    with pytest.raises(ValueError):
+        freeze_cost.arm_overrides("freezeout", {"t_zero": 0.5}, defaults)
+    with pytest.raises(ValueError, match="speed"):
+        freeze_cost.arm_overrides("egeria", {"speed": "warp"}, defaults)
+
+
+def test_an_arm_with_options_keeps_its_runs_apart_from_the_default_settings():
+    assert freeze_cost.tag_of("freezeout", {}) == "freezeout"
+    assert freeze_cost.tag_of("freezeout", {"t0": 0.5}) == "freezeout-t0=0.5"
+    assert freeze_cost.tag_of("egeria", {"speed": "fast"}, cache=True) == "egeria-speed=fast-cache"
+
+
+def test_each_baseline_setting_is_set_against_the_egeria_settings_at_least_as_fast_and_as_accurate():
+    plain0, plain1 = _run([100], 0.90, 100.0), _run([100], 0.88, 100.0)
+    rows = [freeze_cost.row("none", 0, {}, plain0, plain0), freeze_cost.row("none", 1, {}, plain1, plain1),
+            freeze_cost.row("egeria", 0, {"speed": "fast"}, _run([100], 0.89, 80.0), plain0),
+            freeze_cost.row("freezeout", 0, {"t0": 0.5}, _run([100], 0.885, 90.0), plain0),  # dominated
+            freeze_cost.row("freezeout", 0, {}, _run([100], 0.87, 50.0), plain0)]  # faster: not dominated
+    goal = {d["baseline"]: d["dominated_by"] for d in freeze_cost.frontier(rows)}
+    assert goal == {"freezeout-t0=0.5": ["egeria-speed=fast"], "freezeout": []}
+    assert [round(r["vs_worst_plain"], 6) for r in rows] == [2.0, 0.0, 1.0, 0.5, -1.0]  # points over 0.88
+    assert freeze_cost.frontier(rows[:1] + rows[2:]) == []  # one plain seed: no worst seed to judge by

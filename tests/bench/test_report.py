@@ -573,3 +573,36 @@ def test_the_frontiers_accuracy_axis_turns_logarithmic_only_past_twenty_plain_sp
     # one plain seed (no spread): the nearest point past it sets the scale
     assert frontier_linear_range(rows((True, 0.0), (False, 0.1), (False, -3.0))) == pytest.approx(0.1)
     assert frontier_linear_range(rows((True, 0.0))) is None
+
+
+def test_each_baseline_setting_is_set_against_the_egeria_settings_that_dominate_it(tmp_path: Path) -> None:
+    # plain seeds end at 0.90 and 0.88 in 40 s: the worst plain seed is 0.88
+    runs = [_run("t", "none", 0, [10, 20, 30, 40], [0.5, 0.7, 0.85, 0.90], 1000.0),
+            _run("t", "none", 1, [10, 20, 30, 40], [0.5, 0.7, 0.84, 0.88], 1000.0),
+            # Egeria, two seeds: 1.25x and 1.0x (mean 1.125x), +0.01 and +0.00 (mean +0.005)
+            _run("t", "egeria", 0, [8, 16, 24, 32], [0.5, 0.7, 0.85, 0.89], 800.0),
+            _run("t", "egeria", 1, [10, 20, 30, 40], [0.5, 0.7, 0.85, 0.88], 800.0),
+            # slower and less accurate than Egeria's mean: dominated
+            _run("t", "linear", 0, [10, 20, 30, 36], [0.5, 0.7, 0.85, 0.87], 900.0),
+            # faster than Egeria (2x), though less accurate: not dominated
+            _run("t", "freezeout", 0, [5, 10, 15, 20], [0.5, 0.7, 0.85, 0.86], 500.0),
+            # slower than Egeria's mean but more accurate (+0.01): not dominated, though one Egeria
+            # seed is faster and as accurate: the means decide
+            _run("t", "static", 0, [9, 18, 27, 36], [0.5, 0.7, 0.85, 0.89], 900.0)]
+    static_t0 = {**runs[-1], "policy_options": {"count": 2, "at_step": 30}}
+    root = tmp_path / "runs"
+    for r in runs[:-1] + [static_t0]:
+        path = root / r["task"] / f"{r['policy']}-seed{r['seed']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(r))
+    rep = build_report(load_runs([root]), tmp_path / "out", plots=False)
+    dominance = {d["baseline"]: d for d in rep["tasks"]["t"]["layouts"]["accel"]["dominance"]}
+    assert set(dominance) == {"linear", "freezeout", "static(at_step=30, count=2)"}  # neither plain nor Egeria
+    assert dominance["linear"]["dominated_by"] == ["egeria"]
+    assert dominance["linear"]["speedup"] == pytest.approx(40 / 36)
+    assert dominance["freezeout"]["dominated_by"] == []
+    assert dominance["static(at_step=30, count=2)"]["vs_worst_plain"] == pytest.approx(0.01)
+    assert dominance["static(at_step=30, count=2)"]["dominated_by"] == []
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "- `linear` (seeds 0: 1.11x, -0.01): dominated by `egeria`" in md
+    assert "- `freezeout` (seeds 0: 2.00x, -0.02): dominated by no Egeria setting here" in md

@@ -61,6 +61,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from ..policies import POLICIES
 from .layouts import LAYOUTS
 from .plots import plot_task
 from .runfiles import RUN_FORMAT, check_run, layout_name, load_runs, policy_label
@@ -231,6 +232,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
         paced = None if untimed else _pace_matched_speedup(r, timed)
         rows.append({
             "policy": policy_label(r),
+            "policy_name": str(r["policy"]),
             "plain": r["policy"] == "none",
             "seed": r["seed"],
             "final_metric": r["final"]["metric"],
@@ -292,10 +294,43 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
         "seed_spread": spread,
         "plain_seeds": [r["seed"] for r in plain],
         "seed_noise": noise,
+        "dominance": dominance(rows),
         "same_machine": len({_machine_key(r) for r in runs}) == 1,
         "heaps": sorted({r.get("heap", "default") for r in runs}),
         "commands": [r["command"] for r in _ordered(runs) if r.get("command")],
     }
+
+
+def frontier_points(rows: list[dict]) -> list[dict]:
+    """Each policy setting's point on the frontier: the means over its seeds of the frontier's
+    two axes (``frontier_speedup``, ``vs_worst_plain``); a setting with an untimed seed or no
+    plain seeds to set it against has no point."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if not row["plain"]:
+            groups.setdefault(row["policy"], []).append(row)
+    points = []
+    for label, group in groups.items():
+        speeds = [r["frontier_speedup"] for r in group]
+        gains = [r["vs_worst_plain"] for r in group]
+        if None in speeds or None in gains:
+            continue
+        points.append({"policy": label, "policy_name": group[0]["policy_name"],
+                       "seeds": sorted(r["seed"] for r in group),
+                       "speedup": sum(speeds) / len(speeds), "vs_worst_plain": sum(gains) / len(gains)})
+    return points
+
+
+def dominance(rows: list[dict]) -> list[dict]:
+    """The frontier goal, one entry per baseline setting: the Egeria settings whose point is at
+    least as fast and at least as far over the worst plain seed (means over seeds, as
+    :func:`frontier_points` places them)."""
+    points = frontier_points(rows)
+    egeria = [p for p in points if p["policy_name"] == "egeria"]
+    return [{"baseline": b["policy"], "seeds": b["seeds"], "speedup": b["speedup"], "vs_worst_plain": b["vs_worst_plain"],
+             "dominated_by": [e["policy"] for e in egeria
+                              if e["speedup"] >= b["speedup"] and e["vs_worst_plain"] >= b["vs_worst_plain"]]}
+            for b in points if b["policy_name"] in POLICIES and b["policy_name"] != "none"]
 
 
 def _task_report(task: str, groups: dict[str, list[dict]]) -> dict:
@@ -456,6 +491,21 @@ def _layout_section(task_data: dict, data: dict) -> list[str]:
         ]
     lines += _table(data, metric)
     lines += [""] + _noise_sentences(data, metric)
+    lines += _dominance_lines(data)
+    return lines
+
+
+def _dominance_lines(data: dict) -> list[str]:
+    """Which Egeria setting dominates each baseline setting (the frontier goal)."""
+    if not data["dominance"]:
+        return []
+    lines = ["", "Dominance (each baseline setting against the Egeria settings at least as fast, at plain's pace "
+             "where the run has one, and at least as far over the worst plain seed; means over seeds):", ""]
+    for d in data["dominance"]:
+        seeds = ", ".join(map(str, d["seeds"]))
+        who = ", ".join(f"`{e}`" for e in d["dominated_by"]) or "no Egeria setting here"
+        lines.append(f"- `{d['baseline']}` (seeds {seeds}: {d['speedup']:.2f}x, {d['vs_worst_plain']:+.4g}): "
+                     f"dominated by {who}")
     return lines
 
 
