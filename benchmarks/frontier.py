@@ -249,6 +249,23 @@ def report(out: Path) -> None:
     _plot(summary, out)
 
 
+def egeria_front(summary: list[dict]) -> list[dict]:
+    """The Egeria settings no other Egeria setting of the same run length beats (at least as
+    fast and as accurate, better on one), slowest first: the frontier the knob walks along."""
+    mine = [s for s in summary if s["arm"].startswith(("egeria", "paper"))]
+
+    def beats(o: dict, s: dict) -> bool:
+        return (o["scale"] == s["scale"] and o["speedup"] >= s["speedup"] and o["vs_worst_plain"] >= s["vs_worst_plain"]
+                and (o["speedup"], o["vs_worst_plain"]) != (s["speedup"], s["vs_worst_plain"]))
+
+    return sorted((s for s in mine if not any(beats(o, s) for o in mine)), key=lambda s: (s["scale"], s["speedup"]))
+
+
+def _variant(arm: str) -> bool:
+    """An Egeria arm beyond the knob's own values (a field changed, or an old horizon)."""
+    return arm.startswith("egeria") and (arm.count(":") > 1 or "(" in arm)
+
+
 def _plot(summary: list[dict], out: Path) -> None:
     import matplotlib
 
@@ -257,19 +274,44 @@ def _plot(summary: list[dict], out: Path) -> None:
 
     colours = {"plain": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
                "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
+    beaten = {(g["scale"], g["baseline"]) for g in dominated(summary) if g["dominated_by"]}
     for scale in sorted({s["scale"] for s in summary}):
-        fig, ax = plt.subplots(figsize=(7.5, 5))
-        for s in (s for s in summary if s["scale"] == scale):
+        fig, ax = plt.subplots(figsize=(11, 5))
+        here = sorted((s for s in summary if s["scale"] == scale), key=lambda s: (s["speedup"], s["vs_worst_plain"]))
+        front = [s for s in egeria_front(summary) if s["scale"] == scale]
+        ax.plot([s["speedup"] for s in front], [s["vs_worst_plain"] for s in front], color="tab:blue", lw=1,
+                label="Egeria's frontier (settings no other Egeria setting beats)")
+        labelled = [s for s in here if not _variant(s["arm"])]
+        for s in here:
             kind = s["arm"].split(":")[0]
-            ax.scatter(s["speedup"], s["vs_worst_plain"], color=colours.get(kind, "grey"),
-                       marker="*" if kind == "egeria" else "o", s=90 if kind == "egeria" else 40)
-            ax.annotate(s["arm"], (s["speedup"], s["vs_worst_plain"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            colour = colours.get(kind, "grey")
+            if _variant(s["arm"]):  # drawn, not named: frontier.json names them
+                ax.scatter(s["speedup"], s["vs_worst_plain"], marker="*", s=40, color="tab:blue", alpha=0.35)
+                continue
+            hollow = (scale, s["arm"]) in beaten
+            ax.scatter(s["speedup"], s["vs_worst_plain"], marker="*" if kind in ("egeria", "paper") else "o",
+                       s=110 if kind in ("egeria", "paper") else 40, edgecolors=colour,
+                       facecolors="none" if hollow else colour)
+            # each named point gets a number, its name listed beside the plot: close points stay legible
+            i = labelled.index(s) + 1
+            ax.annotate(str(i), (s["speedup"], s["vs_worst_plain"]), fontsize=7, color=colour,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.scatter([], [], marker="*", s=40, color="tab:blue", alpha=0.35,
+                   label="other Egeria variants (a horizon, an unfreeze, the average: frontier.json)")
+        if any(s["arm"].split(":")[0] in BASELINES for s in here):
+            ax.scatter([], [], marker="o", edgecolors="grey", facecolors="none",
+                       label="a baseline an Egeria setting dominates")
+            ax.scatter([], [], marker="o", color="grey", label="a baseline no Egeria setting dominates")
         ax.axhline(0, color="grey", lw=0.8, ls="--")
+        ax.legend(fontsize=7, loc="lower left")
+        names = "\n".join(f"{i} {s['arm']} ({s['speedup']:.2f}x, {s['vs_worst_plain']:+.2f})"
+                          for i, s in enumerate(labelled, start=1))
+        fig.text(0.745, 0.5, names, fontsize=7, va="center", family="monospace")
+        fig.subplots_adjust(right=0.73)
         ax.set_xlabel("whole-run speedup over plain of the same session (x)")
         ax.set_ylabel("final accuracy minus the worst plain seed (points)")
         ax.set_title(f"Speed against accuracy, demo task at {scale}x its length (mean over seeds)")
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 0.73, 1))
         fig.savefig(out / f"frontier-x{scale}.png", dpi=110)
         plt.close(fig)
     egeria_arms = sorted({s["arm"] for s in summary if s["arm"].startswith("egeria")})

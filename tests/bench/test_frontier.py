@@ -63,6 +63,18 @@ def test_points_are_against_their_sessions_plain_and_the_worst_plain_seed_and_do
     assert goal == {"static:count=5:at_step=450": ["egeria:fast"], "linear:start=0.5": []}
 
 
+def test_egeria_settings_that_another_egeria_setting_beats_leave_its_frontier():
+    def point(arm, speedup, gain, scale=1):
+        return {"scale": scale, "arm": arm, "speedup": speedup, "vs_worst_plain": gain}
+
+    summary = [point("egeria:safe", 1.05, 0.2), point("egeria:balanced", 1.04, 0.1),  # beaten by safe
+               point("egeria:fast", 1.2, 0.0), point("egeria:1", 1.2, -0.1),  # beaten by fast (a tie on speed)
+               point("static:count=5:at_step=450", 1.4, -0.3),  # a baseline: not Egeria's frontier
+               point("egeria:fast", 1.1, -0.5, scale=4)]  # another run length: judged on its own
+    front = [(s["scale"], s["arm"]) for s in frontier.egeria_front(summary)]
+    assert front == [(1, "egeria:safe"), (1, "egeria:fast"), (4, "egeria:fast")]
+
+
 def test_an_arm_run_under_another_horizon_than_its_name_gives_today_says_so():
     from egeria import EgeriaConfig
 
