@@ -51,6 +51,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from egeria.bench.report import at_least_as_good
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "frontier"
 BASELINES = ("freezeout", "autofreeze", "linear", "static", "smartfrz")
@@ -229,7 +231,7 @@ def dominated(summary: list[dict]) -> list[dict]:
         if b["arm"].split(":")[0] not in BASELINES:
             continue
         better = [e["arm"] for e in summary if e["scale"] == b["scale"] and e["arm"].startswith(("egeria", "paper"))
-                  and e["speedup"] >= b["speedup"] and e["vs_worst_plain"] >= b["vs_worst_plain"]]
+                  and at_least_as_good(e, b)]
         out.append({"scale": b["scale"], "baseline": b["arm"], "dominated_by": better})
     return out
 
@@ -255,7 +257,7 @@ def egeria_front(summary: list[dict]) -> list[dict]:
     mine = [s for s in summary if s["arm"].startswith(("egeria", "paper"))]
 
     def beats(o: dict, s: dict) -> bool:
-        return (o["scale"] == s["scale"] and o["speedup"] >= s["speedup"] and o["vs_worst_plain"] >= s["vs_worst_plain"]
+        return (o["scale"] == s["scale"] and at_least_as_good(o, s)
                 and (o["speedup"], o["vs_worst_plain"]) != (s["speedup"], s["vs_worst_plain"]))
 
     return sorted((s for s in mine if not any(beats(o, s) for o in mine)), key=lambda s: (s["scale"], s["speedup"]))
