@@ -107,7 +107,7 @@ def _fields(text: str) -> dict:
 
 def arm_overrides(policy: str, options: dict, defaults: dict) -> dict:
     """The config overrides an arm runs with: Egeria's fields as given; a baseline's options over
-    ``defaults`` (the task's, :func:`egeria.bench.tasks._baseline_options`); nothing for plain.
+    ``defaults`` (the task's, :func:`egeria.bench.tasks.baseline_options`); nothing for plain.
 
     Raises:
         ValueError: an option the policy or the config does not take, or a bad value (before any arm runs).
@@ -204,13 +204,13 @@ def plot_frontier(rows: list[dict], target: Path, task: str, steps: int) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"none": "black", "egeria": "tab:blue", "freezeout": "tab:orange", "autofreeze": "tab:red",
-               "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
+    from egeria.bench.plots import policy_colour
+
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for r in rows:
         if "speedup_vs_plain" not in r:
             continue
-        ax.scatter(r["speedup_vs_plain"], r["vs_worst_plain"], color=colours.get(r["policy"], "tab:gray"), s=22)
+        ax.scatter(r["speedup_vs_plain"], r["vs_worst_plain"], color=policy_colour(r["policy"]), s=22)
         ax.annotate(f"{r['arm']} s{r['seed']}", (r["speedup_vs_plain"], r["vs_worst_plain"]), fontsize=6,
                     xytext=(3, 3), textcoords="offset points")
     ax.axhline(0.0, color="tab:gray", linestyle=":", linewidth=1)
@@ -268,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     epochs = args.epochs if args.epochs is not None else CUTS[task].epochs
     init = (args.init or str(DEFAULT_INIT)) if task == "gpt-ptb-order" else args.init
     out = args.out or ROOT / "benchmarks" / "results" / "freeze_cost" / f"{task}.json"
-    from egeria.bench.tasks import _baseline_options
+    from egeria.bench.tasks import baseline_options
 
     steps_per_epoch, run_epochs = task_shape(task, limit, epochs, init)
     steps = steps_per_epoch * run_epochs
     arms = [parse_arm(a, steps) for a in args.arms]
-    defaults = _baseline_options(steps_per_epoch, run_epochs)
+    defaults = baseline_options(steps_per_epoch, run_epochs)
     overrides = [arm_overrides(policy, options, defaults) for policy, _, options in arms]  # every arm checked first
     command = "python benchmarks/freeze_cost.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     machine = describe_machine()

@@ -51,6 +51,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from egeria.bench.plots import policy_colour
 from egeria.bench.report import at_least_as_good
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,8 +275,6 @@ def _plot(summary: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"plain": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
-               "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
     beaten = {(g["scale"], g["baseline"]) for g in dominated(summary) if g["dominated_by"]}
     for scale in sorted({s["scale"] for s in summary}):
         fig, ax = plt.subplots(figsize=(11, 5))
@@ -286,7 +285,7 @@ def _plot(summary: list[dict], out: Path) -> None:
         labelled = [s for s in here if not _variant(s["arm"])]
         for s in here:
             kind = s["arm"].split(":")[0]
-            colour = colours.get(kind, "grey")
+            colour = policy_colour(kind)
             if _variant(s["arm"]):  # drawn, not named: frontier.json names them
                 ax.scatter(s["speedup"], s["vs_worst_plain"], marker="*", s=40, color="tab:blue", alpha=0.35)
                 continue

@@ -606,3 +606,13 @@ def test_each_baseline_setting_is_set_against_the_egeria_settings_that_dominate_
     md = (tmp_path / "out" / "report.md").read_text()
     assert "- `linear` (seeds 0: 1.11x, -0.01): dominated by `egeria`" in md
     assert "- `freezeout` (seeds 0: 2.00x, -0.02): dominated by no Egeria setting here" in md
+
+
+def test_every_policy_has_its_own_colour_in_the_speed_plots() -> None:
+    from egeria.bench.plots import policy_colour
+    from egeria.policies import POLICIES
+
+    colours = [policy_colour(name) for name in [*POLICIES, "egeria"]]
+    assert len(set(colours)) == len(colours) and "tab:gray" not in colours
+    assert policy_colour("plain") == policy_colour("none")
+    assert policy_colour("a-policy-not-listed") == "tab:gray"

@@ -18,7 +18,17 @@ from typing import Any, Callable
 
 from .runfiles import layout_name, policy_label
 
-__all__ = ["plot_task"]
+__all__ = ["plot_task", "policy_colour"]
+
+# one colour per policy in every speed-against-accuracy plot (the report's, the benchmarks'):
+# plain black, Egeria blue (under the paper's rule a lighter blue), each baseline its own
+_POLICY_COLOURS = {"none": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
+                   "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
+
+
+def policy_colour(policy: str) -> str:
+    """The plots' colour for a policy name (``plain`` is ``none``); grey for one not listed."""
+    return _POLICY_COLOURS.get("none" if policy == "plain" else policy, "tab:gray")
 
 
 def _run_label(run: dict) -> str:

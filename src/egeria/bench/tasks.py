@@ -29,7 +29,7 @@ from torch import nn
 
 from .harness import classification_loss
 
-__all__ = ["Task", "TASKS", "build_task", "task_of_run"]
+__all__ = ["Task", "TASKS", "baseline_options", "build_task", "task_of_run"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -130,7 +130,7 @@ def _resnet_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [total // 2, total * 3 // 4], gamma=0.1)
     task = Task(
         "resnet-fmnist", model, opt, sched, _loader(train, 128, seed), steps, classification_loss, _accuracy(test),
-        "accuracy", True, epochs, _baseline_options(steps, epochs),
+        "accuracy", True, epochs, baseline_options(steps, epochs),
     )
     return task, epochs
 
@@ -193,7 +193,7 @@ def _ptb_lm(name, make_schedule, *, seed, epochs, limit, eval_limit) -> tuple[Ta
 
     task = Task(
         name, model, opt, sched, _loader(train, 32, seed), steps, lm_loss, perplexity,
-        "perplexity", False, epochs, _baseline_options(steps, epochs),
+        "perplexity", False, epochs, baseline_options(steps, epochs),
     )
     return task, epochs
 
@@ -222,7 +222,7 @@ def _vgg_fmnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int]:
     sched = warmup_cosine(opt, max(1, total // 20), total)  # 5% warm-up
     task = Task(
         "vgg-fmnist", model, opt, sched, _epoch_loader(augmented, 128, seed), steps, classification_loss,
-        _accuracy(test), "accuracy", True, epochs, _baseline_options(steps, epochs),
+        _accuracy(test), "accuracy", True, epochs, baseline_options(steps, epochs),
     )
     return task, epochs
 
@@ -263,12 +263,12 @@ def _finetune_mnist(*, seed, epochs, limit, eval_limit, init) -> tuple[Task, int
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
     task = Task(
         "finetune-mnist", model, opt, sched, _loader(train, 128, seed), steps, classification_loss, _accuracy(test),
-        "accuracy", True, epochs, _baseline_options(steps, epochs),
+        "accuracy", True, epochs, baseline_options(steps, epochs),
     )
     return task, epochs
 
 
-def _baseline_options(steps_per_epoch: int, epochs: int) -> dict:
+def baseline_options(steps_per_epoch: int, epochs: int) -> dict:
     """Each baseline at its published default, scaled to the task's length."""
     return {
         "freezeout": {"t0": 0.8, "scaling": "cubic"},

@@ -281,13 +281,13 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
 
     from ..averaging import WeightAverage
     from ..integrations.hf import EgeriaCallback
-    from .tasks import _baseline_options
+    from .tasks import baseline_options
 
     task = build_trainer_task(task_name, seed=seed, epochs=epochs, limit=limit, eval_limit=eval_limit, init=init)
     if policy == "egeria":
         cfg = EgeriaConfig()
     else:
-        cfg = EgeriaConfig(policy=policy, policy_options=_baseline_options(task.steps_per_epoch, task.epochs)[policy])
+        cfg = EgeriaConfig(policy=policy, policy_options=baseline_options(task.steps_per_epoch, task.epochs)[policy])
     if overrides:
         cfg = cfg.replace(**overrides)
     egeria_cb = EgeriaCallback(cfg, cache=cache, average=WeightAverage() if average else None)
