@@ -28,7 +28,9 @@ freezes every arm but plain to the average of its recent weights
         static:0:3:25% static:0:5:50% --runs /tmp/freeze-cost-f
 
 Prints the command, the machine and one row per arm (its final accuracy, the difference from the
-plain run of its seed, the training time and its ratio to that plain run's) and, given two plain
+plain run of its seed, the training time and its ratio to that plain run's, raw and at plain's
+pace, the arm's time scaled by how fast the machine ran the steps before its freeze against
+plain's run of them, for arms run in another session than their plain) and, given two plain
 seeds or more, the frontier goal: each baseline setting against the Egeria settings at least as
 fast and at least as far over the worst plain seed (means over seeds); writes them as JSON
 (default ``benchmarks/results/freeze_cost/<task>.json``), a plot of the finals beside it and one
@@ -173,8 +175,14 @@ def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) ->
            "curve": [[r["step"], r["metric"]] for r in run["records"]], "code": run.get("code"),
            "records_per_epoch": records_per_epoch(run)}
     if plain is not None:
+        from egeria.bench.report import pace_matched_speedup
+
         out["points_vs_plain"] = 100 * (final["metric"] - plain["final"]["metric"])
         out["speedup_vs_plain"] = plain["final"]["wall_time_s"] / final["wall_time_s"]
+        # the same, the arm's time scaled by the machine's pace over the steps before its freeze
+        # against plain's over them: arms run in another session than their plain (None where
+        # the arm has no record before its freeze)
+        out["speedup_at_plains_pace"] = None if policy == "none" else pace_matched_speedup(run, [plain])
         out["cadence_as_plain"] = out["records_per_epoch"] == records_per_epoch(plain)
     return out
 
@@ -284,13 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             for (policy, seed, options), extra in zip(arms, overrides)]
     plain = {seed: run for (policy, seed, _), run in zip(arms, runs) if policy == "none"}
     rows = [row(policy, seed, options, run, plain.get(seed)) for (policy, seed, options), run in zip(arms, runs)]
-    print(f"{'arm':<16}{'seed':>5}{'final':>9}{'points':>9}{'time s':>9}{'speedup':>9}  frozen")
+    print(f"{'arm':<16}{'seed':>5}{'final':>9}{'points':>9}{'time s':>9}{'speedup':>9}{'at pace':>9}  frozen")
     for r in rows:
         points = f"{r['points_vs_plain']:+.2f}" if "points_vs_plain" in r else "-"
         speed = f"{r['speedup_vs_plain']:.2f}x" if "speedup_vs_plain" in r else "-"
+        paced = f"{r['speedup_at_plains_pace']:.2f}x" if r.get("speedup_at_plains_pace") is not None else "-"
         mark = "" if r.get("cadence_as_plain", True) else " *"
-        print(f"{r['arm']:<16}{r['seed']:>5}{r['final']:>9.4f}{points + mark:>9}{r['wall_time_s']:>9.1f}{speed:>9}  "
-              f"{', '.join(r['frozen']) or '-'}")
+        print(f"{r['arm']:<16}{r['seed']:>5}{r['final']:>9.4f}{points + mark:>9}{r['wall_time_s']:>9.1f}{speed:>9}"
+              f"{paced:>9}  {', '.join(r['frozen']) or '-'}")
     if not all(r.get("cadence_as_plain", True) for r in rows):
         print("* evaluated at another cadence than its plain run (another random path, about a reseed)")
     goal = frontier(rows)

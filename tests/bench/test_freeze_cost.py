@@ -45,7 +45,8 @@ def test_an_arm_frozen_to_the_average_keeps_its_runs_apart_but_plain_is_shared()
 
 
 def _run(steps, metric=0.9, wall=100.0, steps_per_epoch=100):
-    return {"steps_per_epoch": steps_per_epoch, "records": [{"step": s, "metric": metric, "frozen": []} for s in steps],
+    return {"policy": "static", "events": [], "steps_per_epoch": steps_per_epoch,
+            "records": [{"step": s, "metric": metric, "frozen": []} for s in steps],
             "final": {"metric": metric, "wall_time_s": wall}}
 
 
@@ -62,6 +63,26 @@ def test_an_arm_evaluated_at_another_cadence_than_its_plain_is_marked():
     assert same["cadence_as_plain"] and not other["cadence_as_plain"]
     assert (same["records_per_epoch"], other["records_per_epoch"]) == (2, 1)
     assert other["points_vs_plain"] == pytest.approx(-1.0) and other["speedup_vs_plain"] == pytest.approx(2.0)
+
+
+def test_an_arm_run_on_a_faster_machine_than_its_plain_is_also_timed_at_plains_pace():
+    def run(policy, seconds_per_step, freeze_at=None):
+        out = _run([100, 200, 300, 400], 0.9, seconds_per_step * (400 if freeze_at is None else 250))
+        out["policy"] = policy
+        out["events"] = [] if freeze_at is None else [{"step": freeze_at, "action": "freeze"}]
+        for rec in out["records"]:
+            rec["wall_time_s"] = seconds_per_step * rec["step"]
+        return out
+
+    plain = run("none", 1.0)
+    # a machine 1.25x faster than plain's: 2x raw, 1.6x at plain's pace
+    fast = freeze_cost.row("static", 0, {"count": 2, "at_step": 200}, run("static", 0.8, freeze_at=200), plain)
+    assert fast["speedup_vs_plain"] == pytest.approx(2.0)
+    assert fast["speedup_at_plains_pace"] == pytest.approx(1.6)
+    # frozen before its first record: nothing ran alike to set the pace by
+    early = freeze_cost.row("static", 0, {"count": 2, "at_step": 50}, run("static", 0.8, freeze_at=50), plain)
+    assert early["speedup_at_plains_pace"] is None
+    assert freeze_cost.row("none", 0, {}, plain, plain)["speedup_at_plains_pace"] is None
 
 
 def test_fs_arms_are_evaluated_at_the_cadence_of_its_committed_plain_seeds():

@@ -124,7 +124,7 @@ def _unfrozen_pace(run: dict) -> float | None:
     return float(rec["wall_time_s"]) / rec["step"] if rec else None
 
 
-def _pace_matched_speedup(run: dict, plain: list[dict]) -> float | None:
+def pace_matched_speedup(run: dict, plain: list[dict]) -> float | None:
     """The whole-run speedup over the plain seeds' mean wall time, the run's time scaled by
     how much faster or slower the machine ran its unfrozen prefix than it ran the same steps
     of the plain seeds (training that is identical up to the first freeze). ``None`` for a
@@ -229,7 +229,7 @@ def _layout_report(task: str, layout: str, runs: list[dict], higher: bool) -> di
         speedup = _ratio(ref_tta, tta[0]) if (ref_tta is not None and tta and not untimed) else None
         ideal = _ratio(ref_flops, float(r["final"]["total_flops"]))
         whole = None if untimed else _ratio(plain_wall, float(r["final"]["wall_time_s"]))
-        paced = None if untimed else _pace_matched_speedup(r, timed)
+        paced = None if untimed else pace_matched_speedup(r, timed)
         rows.append({
             "policy": policy_label(r),
             "policy_name": str(r["policy"]),
