@@ -20,8 +20,9 @@ from .runfiles import layout_name, policy_label
 
 __all__ = ["plot_task", "policy_colour"]
 
-# one colour per policy in every speed-against-accuracy plot (the report's, the benchmarks'):
-# plain black, Egeria blue (under the paper's rule a lighter blue), each baseline its own
+# one colour per policy in the benchmarks' speed-against-accuracy plots (freeze_cost.py's and
+# frontier.py's; the report's frontier plot colours its runs one by one): plain black, Egeria
+# blue (under the paper's rule a lighter blue), each baseline its own
 _POLICY_COLOURS = {"none": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
                    "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
 
