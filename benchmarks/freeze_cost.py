@@ -236,8 +236,8 @@ def plot(rows: list[dict], target: Path, task: str, steps: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
     arms = sorted({r["arm"] for r in rows}, key=lambda a: (a != "none", a))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(arms)), 4.2))
     for i, arm in enumerate(arms):
         finals = [100 * r["final"] for r in rows if r["arm"] == arm]
         ax.scatter([i] * len(finals), finals, color="tab:gray" if arm == "none" else "tab:blue")
@@ -245,7 +245,7 @@ def plot(rows: list[dict], target: Path, task: str, steps: int) -> None:
     if len(plain) > 1:
         ax.axhline(min(plain), color="tab:gray", linestyle=":", linewidth=1, label="worst plain seed")
         ax.legend(loc="lower left", fontsize=8)
-    ax.set_xticks(range(len(arms)), arms)
+    ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=8)  # long tags stay apart
     ax.set_ylabel("final held-out accuracy (%)")
     ax.set_title(f"{task}, {steps} steps: freezing the first k modules at step s")
     fig.tight_layout()
