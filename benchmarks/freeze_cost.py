@@ -180,9 +180,9 @@ def row(policy: str, seed: int, options: dict, run: dict, plain: dict | None) ->
         out["points_vs_plain"] = 100 * (final["metric"] - plain["final"]["metric"])
         out["speedup_vs_plain"] = plain["final"]["wall_time_s"] / final["wall_time_s"]
         # the same, the arm's time scaled by the machine's pace over the steps before its freeze
-        # against plain's over them: arms run in another session than their plain (None where
-        # the arm has no record before its freeze)
-        out["speedup_at_plains_pace"] = None if policy == "none" else pace_matched_speedup(run, [plain])
+        # against plain's over them: arms run in another session than their plain (None for
+        # plain itself and where the arm has no record before its freeze)
+        out["speedup_at_plains_pace"] = pace_matched_speedup(run, [plain])
         out["cadence_as_plain"] = out["records_per_epoch"] == records_per_epoch(plain)
     return out
 
