@@ -20,9 +20,9 @@ from .runfiles import layout_name, policy_label
 
 __all__ = ["plot_task", "policy_colour"]
 
-# one colour per policy in the benchmarks' speed-against-accuracy plots (freeze_cost.py's and
-# frontier.py's; the report's frontier plot colours its runs one by one): plain black, Egeria
-# blue (under the paper's rule a lighter blue), each baseline its own
+# one colour per policy in every speed-against-accuracy plot (the report's frontier,
+# freeze_cost.py's and frontier.py's): plain black, Egeria blue (under the paper's rule a
+# lighter blue), each baseline its own
 _POLICY_COLOURS = {"none": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
                    "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
 
@@ -144,7 +144,7 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
             kind = "plain" if row["plain"] else row["policy"].split()[0]
             point = (row["frontier_speedup"], row["vs_worst_plain"])
             ax.scatter(*point, marker="*" if "egeria" in kind else "o",
-                       s=80 if "egeria" in kind else 30, color="black" if row["plain"] else None)
+                       s=80 if "egeria" in kind else 30, color=policy_colour(row["policy_name"]))
             raw = "" if row["plain"] or row["frontier_at_plains_pace"] else " raw"
             # neighbours in speed take turns at three heights, so that close points' labels part
             ax.annotate(f"{row['policy']} s{row['seed']}{raw}", point, fontsize=7, xytext=(3, 3 + 9 * (i % 3)),
