@@ -21,8 +21,8 @@ from .runfiles import layout_name, policy_label
 __all__ = ["plot_task", "policy_colour"]
 
 # one colour per policy in every speed-against-accuracy plot (the report's frontier,
-# freeze_cost.py's and frontier.py's): plain black, Egeria blue (under the paper's rule a
-# lighter blue), each baseline its own
+# freeze_cost.py's and frontier.py's): plain black, Egeria blue (in frontier.py's, under the
+# paper's rule a lighter blue; the report's shows that rule by its label), each baseline its own
 _POLICY_COLOURS = {"none": "black", "egeria": "tab:blue", "paper": "tab:cyan", "freezeout": "tab:orange",
                    "autofreeze": "tab:red", "linear": "tab:green", "static": "tab:purple", "smartfrz": "tab:brown"}
 
