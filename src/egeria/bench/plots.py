@@ -141,10 +141,10 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
                 if row.get("frontier_speedup") is not None and row.get("vs_worst_plain") is not None]
         rows.sort(key=lambda row: (row["frontier_speedup"], row["vs_worst_plain"]))
         for i, row in enumerate(rows):
-            kind = "plain" if row["plain"] else row["policy"].split()[0]
+            egeria = row["policy_name"] == "egeria"
             point = (row["frontier_speedup"], row["vs_worst_plain"])
-            ax.scatter(*point, marker="*" if "egeria" in kind else "o",
-                       s=80 if "egeria" in kind else 30, color=policy_colour(row["policy_name"]))
+            ax.scatter(*point, marker="*" if egeria else "o", s=80 if egeria else 30,
+                       color=policy_colour(row["policy_name"]))
             raw = "" if row["plain"] or row["frontier_at_plains_pace"] else " raw"
             # neighbours in speed take turns at three heights, so that close points' labels part
             ax.annotate(f"{row['policy']} s{row['seed']}{raw}", point, fontsize=7, xytext=(3, 3 + 9 * (i % 3)),
