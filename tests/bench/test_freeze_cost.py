@@ -45,7 +45,9 @@ def test_an_arm_frozen_to_the_average_keeps_its_runs_apart_but_plain_is_shared()
 
 
 def _run(steps, metric=0.9, wall=100.0, steps_per_epoch=100):
-    return {"policy": "static", "events": [], "steps_per_epoch": steps_per_epoch,
+    """A static arm's run that froze at its first step, before its first record (no pace of
+    its own: read at its whole run)."""
+    return {"policy": "static", "events": [{"step": 1, "action": "freeze"}], "steps_per_epoch": steps_per_epoch,
             "records": [{"step": s, "metric": metric, "frozen": []} for s in steps],
             "final": {"metric": metric, "wall_time_s": wall}}
 

@@ -535,13 +535,21 @@ def test_the_whole_run_at_plains_pace_scales_by_the_steps_that_train_alike(tmp_p
     never = _run("t", "static", 0, [10.0, 20.0, 30.0, 40.0], [0.5, 0.7, 0.85, 0.90], 1000.0, layout="cpu")
     rep = build_report(plains + [linear, never], tmp_path, plots=False)
     assert _row(rep, "t", "linear", 0, "cpu")["pace_matched_speedup"] == pytest.approx(1.12)
-    assert _row(rep, "t", "static", 0, "cpu")["pace_matched_speedup"] is None  # nothing froze: nothing to scale
+    # nothing froze: it trained as plain throughout, so at plain's pace it is plain (its whole
+    # run 1.05x is the machine's pace that session, not a speedup)
+    assert _row(rep, "t", "static", 0, "cpu")["pace_matched_speedup"] == pytest.approx(1.0)
     assert _row(rep, "t", "none", 0, "cpu")["pace_matched_speedup"] is None
     # the frontier plot places a run at plain's pace where it has one, else at its whole run
     assert _row(rep, "t", "linear", 0, "cpu")["frontier_speedup"] == pytest.approx(1.12)
     assert _row(rep, "t", "linear", 0, "cpu")["frontier_at_plains_pace"] is True
-    assert _row(rep, "t", "static", 0, "cpu")["frontier_speedup"] == pytest.approx(42.0 / 40.0)
-    assert _row(rep, "t", "static", 0, "cpu")["frontier_at_plains_pace"] is False
+    assert _row(rep, "t", "static", 0, "cpu")["frontier_speedup"] == pytest.approx(1.0)
+    assert _row(rep, "t", "static", 0, "cpu")["frontier_at_plains_pace"] is True
+    # a run that froze before its first record has no unfrozen prefix to scale by
+    early = _run("t", "static", 1, [8.0, 16.0, 24.0, 32.0], [0.5, 0.7, 0.85, 0.90], 800.0, layout="cpu")
+    early["events"] = [{"step": 5, "action": "freeze", "modules": ["a"]}]
+    rep = build_report(plains + [early], tmp_path / "early", plots=False)
+    assert _row(rep, "t", "static", 1, "cpu")["pace_matched_speedup"] is None
+    assert _row(rep, "t", "static", 1, "cpu")["frontier_speedup"] == pytest.approx(42.0 / 32.0)
     md = (tmp_path / "report.md").read_text()
     assert any(line.startswith("| linear | 0 |") and line.endswith("| 1.12x |") for line in md.splitlines())
 
@@ -590,6 +598,8 @@ def test_each_baseline_setting_is_set_against_the_egeria_settings_that_dominate_
             # seed is faster and as accurate: the means decide
             _run("t", "static", 0, [9, 18, 27, 36], [0.5, 0.7, 0.85, 0.89], 900.0)]
     static_t0 = {**runs[-1], "policy_options": {"count": 2, "at_step": 30}}
+    for r in runs[2:-1] + [static_t0]:  # each froze before its first record: read at its whole run
+        r["events"] = [{"step": 5, "action": "freeze", "modules": ["layer1"]}]
     root = tmp_path / "runs"
     for r in runs[:-1] + [static_t0]:
         path = root / r["task"] / f"{r['policy']}-seed{r['seed']}.json"

@@ -127,11 +127,12 @@ def _unfrozen_pace(run: dict) -> float | None:
 def pace_matched_speedup(run: dict, plain: list[dict]) -> float | None:
     """The whole-run speedup over the plain seeds' mean wall time, the run's time scaled by
     how much faster or slower the machine ran its unfrozen prefix than it ran the same steps
-    of the plain seeds (training that is identical up to the first freeze). ``None`` for a
-    plain run, a run that froze nothing before its last record or froze before its first
-    one, or plain seeds without a record at that step."""
+    of the plain seeds (training that is identical up to the first freeze). A run that froze
+    nothing by its last record trained as plain throughout: its prefix is the whole run and
+    it reads 1.00x, not its session's pace. ``None`` for a plain run, a run that froze before
+    its first record, or plain seeds without a record at that step."""
     rec = _last_unfrozen_record(run)
-    if run["policy"] == "none" or not plain or rec is None or rec["step"] >= run["records"][-1]["step"]:
+    if run["policy"] == "none" or not plain or rec is None:
         return None
     at_step = [next((p["wall_time_s"] for p in r["records"] if p.get("step") == rec["step"]), None) for r in plain]
     if None in at_step:
