@@ -542,8 +542,9 @@ _TTA_WORDS = (
     "time per step up to the run's first freeze (a plain run: over the whole run); runs compared with "
     "each other should show the same pace there, since nothing differs yet. Whole run at plain's pace: the plain "
     "seeds' mean wall time / the run's, the run's scaled by the plain seeds' time / its own at its last record "
-    "before the first freeze (the steps that train alike), so that a machine running faster or slower for "
-    "one run than for another does not read as a speedup. The frontier plot places each run at its speed at "
+    "before the first freeze (the steps that train alike; a run that froze nothing: its last, so 1.00x), so "
+    "that a machine running faster or slower for one run than for another does not read as a speedup. The "
+    "frontier plot places each run at its speed at "
     "plain's pace where it has one, else at its whole-run speedup (those runs' labels end in \"raw\")."
 )
 
