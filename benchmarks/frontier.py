@@ -208,18 +208,24 @@ def arm_label(arm: dict) -> str:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per run length and arm: the seeds' mean speedup and accuracy against the worst plain seed."""
-    groups: dict[tuple[int, str], list[dict]] = {}
+    """Per run length and arm: the seeds' mean speedup and accuracy against the worst plain seed.
+    A seed run in several sessions (plain is in every one) counts once, as the mean of its
+    sessions, so that no seed weighs more for having been run more often."""
+    groups: dict[tuple[int, str], dict[int, list[dict]]] = {}
     for r in rows:
-        groups.setdefault((r["scale"], r["arm"]), []).append(r)
+        groups.setdefault((r["scale"], r["arm"]), {}).setdefault(r["seed"], []).append(r)
     out = []
-    for (scale, arm), rs in sorted(groups.items()):
+    for (scale, arm), by_seed in sorted(groups.items()):
+        def mean_over_seeds(key: str) -> float:
+            return statistics.mean(statistics.mean(r[key] for r in rs) for rs in by_seed.values())
+
         out.append({
-            "scale": scale, "arm": arm, "seeds": sorted(r["seed"] for r in rs),
-            "speedup": statistics.mean(r["speedup"] for r in rs),
-            "vs_worst_plain": statistics.mean(r["vs_worst_plain"] for r in rs),
-            "vs_own_plain": statistics.mean(r["vs_own_plain"] for r in rs),
-            "each": [(r["seed"], round(r["speedup"], 3), round(r["vs_worst_plain"], 2)) for r in rs],
+            "scale": scale, "arm": arm, "seeds": sorted(by_seed),
+            "speedup": mean_over_seeds("speedup"),
+            "vs_worst_plain": mean_over_seeds("vs_worst_plain"),
+            "vs_own_plain": mean_over_seeds("vs_own_plain"),
+            "each": [(r["seed"], round(r["speedup"], 3), round(r["vs_worst_plain"], 2))
+                     for seed in sorted(by_seed) for r in by_seed[seed]],
         })
     return out
 

@@ -63,6 +63,19 @@ def test_points_are_against_their_sessions_plain_and_the_worst_plain_seed_and_do
     assert goal == {"static:count=5:at_step=450": ["egeria:fast"], "linear:start=0.5": []}
 
 
+def test_a_seed_run_in_several_sessions_counts_once_in_the_mean(tmp_path):
+    _session(tmp_path, 1, 0, [("plain", 0.900, 100.0, None), ("egeria:fast", 0.899, 80.0, 450)])
+    second = tmp_path / "x1" / "seed0-b.json"  # seed 0 again, another session: its plain and fast again
+    second.write_text((tmp_path / "x1" / "seed0-a.json").read_text().replace("80.0", "50.0"))
+    _session(tmp_path, 1, 1, [("plain", 0.895, 120.0, None), ("egeria:fast", 0.896, 120.0, 450)])
+    summary = {s["arm"]: s for s in frontier.summarise(frontier.points(tmp_path))}
+    assert summary["plain"]["seeds"] == [0, 1]
+    assert summary["plain"]["vs_worst_plain"] == pytest.approx((0.5 + 0.0) / 2)  # not (0.5 + 0.5 + 0) / 3
+    # seed 0 is the mean of its two sessions (1.25x, 2.0x), then averaged with seed 1 (1.0x)
+    assert summary["egeria:fast"]["speedup"] == pytest.approx(((1.25 + 2.0) / 2 + 1.0) / 2)
+    assert len(summary["egeria:fast"]["each"]) == 3
+
+
 def test_egeria_settings_that_another_egeria_setting_beats_leave_its_frontier():
     def point(arm, speedup, gain, scale=1):
         return {"scale": scale, "arm": arm, "speedup": speedup, "vs_worst_plain": gain}
