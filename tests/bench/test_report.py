@@ -626,3 +626,31 @@ def test_every_policy_has_its_own_colour_in_the_speed_plots() -> None:
     assert len(set(colours)) == len(colours) and "tab:gray" not in colours
     assert policy_colour("plain") == policy_colour("none")
     assert policy_colour("a-policy-not-listed") == "tab:gray"
+
+
+def test_the_frontier_plot_numbers_its_points_and_names_each_in_a_list_under_the_panel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from egeria.bench import plots
+
+    texts: dict[str, list[str]] = {}
+
+    def keep_texts(fig, out, name):  # noqa: ANN001, ANN202 - stands in for plots._save
+        texts[name] = [t.get_text() for ax in fig.axes for t in ax.texts]
+        return name
+
+    monkeypatch.setattr(plots, "_save", keep_texts)
+    plains = [_run("t", "none", seed, [10.0, 20.0, 30.0, 40.0 + seed], [0.5, 0.7, 0.85, 0.90 - seed / 100], 1000.0,
+                   layout="cpu") for seed in (0, 1)]
+    linear = _run("t", "linear", 0, [8.4, 16.8, 23.4, 30.0], [0.5, 0.7, 0.85, 0.88], 800.0, layout="cpu")
+    linear["events"] = [{"step": 25, "action": "freeze", "modules": ["a"]}]
+    rep = build_report(plains + [linear], tmp_path, plots=True)
+    drawn = texts["t-frontier.png"]
+    listing = next(t for t in drawn if "\n" in t).splitlines()
+    # three points, numbered from the slowest; each number drawn at its point and named once in the list
+    assert [line.split()[0] for line in listing] == ["1", "2", "3"]
+    assert {"1", "2", "3"} <= set(drawn)
+    point = _row(rep, "t", "linear", 0, "cpu")
+    assert listing[-1].split()[1:3] == ["linear", "s0"]
+    assert listing[-1].endswith(f"({point['frontier_speedup']:.2f}x, {point['vs_worst_plain']:+.3g})")
+    assert point["vs_worst_plain"] == pytest.approx(0.88 - 0.89)

@@ -140,15 +140,19 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
         rows = [row for row in data["layouts"][layout]["rows"]
                 if row.get("frontier_speedup") is not None and row.get("vs_worst_plain") is not None]
         rows.sort(key=lambda row: (row["frontier_speedup"], row["vs_worst_plain"]))
-        for i, row in enumerate(rows):
+        names = []
+        for i, row in enumerate(rows, start=1):
             egeria = row["policy_name"] == "egeria"
             point = (row["frontier_speedup"], row["vs_worst_plain"])
-            ax.scatter(*point, marker="*" if egeria else "o", s=80 if egeria else 30,
-                       color=policy_colour(row["policy_name"]))
+            colour = policy_colour(row["policy_name"])
+            ax.scatter(*point, marker="*" if egeria else "o", s=80 if egeria else 30, color=colour)
             raw = "" if row["plain"] or row["frontier_at_plains_pace"] else " raw"
-            # neighbours in speed take turns at three heights, so that close points' labels part
-            ax.annotate(f"{row['policy']} s{row['seed']}{raw}", point, fontsize=7, xytext=(3, 3 + 9 * (i % 3)),
-                        textcoords="offset points")
+            # a number at the point, its name in a list under the panel: close points' names would overlap
+            ax.annotate(str(i), point, fontsize=7, color=colour, xytext=(3, 3), textcoords="offset points")
+            names.append(f"{i:>2} {row['policy']} s{row['seed']}{raw} "
+                         f"({row['frontier_speedup']:.2f}x, {row['vs_worst_plain']:+.3g})")
+        ax.annotate("\n".join(names), (0, 0), xycoords="axes fraction", xytext=(0, -42), textcoords="offset points",
+                    va="top", fontsize=7, family="monospace")
         linear_up_to = frontier_linear_range(rows)
         if linear_up_to is not None:
             ax.set_yscale("symlog", linthresh=linear_up_to)
