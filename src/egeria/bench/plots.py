@@ -150,7 +150,7 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
             # a number at the point, its name in a list under the panel: close points' names would overlap
             ax.annotate(str(i), point, fontsize=7, color=colour, xytext=(3, 3), textcoords="offset points")
             names.append(f"{i:>2} {row['policy']} s{row['seed']}{raw} "
-                         f"({row['frontier_speedup']:.2f}x, {row['vs_worst_plain']:+.3g})")
+                         f"({row['frontier_speedup']:.2f}x, {row['vs_worst_plain'] + 0.0:+.3g})")  # + 0.0: no "-0"
         ax.annotate("\n".join(names), (0, 0), xycoords="axes fraction", xytext=(0, -42), textcoords="offset points",
                     va="top", fontsize=7, family="monospace")
         linear_up_to = frontier_linear_range(rows)
