@@ -635,7 +635,7 @@ def test_the_frontier_plot_numbers_its_points_and_names_each_in_a_list_under_the
 
     texts: dict[str, list[str]] = {}
 
-    def keep_texts(fig, out, name):  # noqa: ANN001, ANN202 - stands in for plots._save
+    def keep_texts(fig: object, out: Path, name: str) -> str:  # stands in for plots._save
         texts[name] = [t.get_text() for ax in fig.axes for t in ax.texts]
         return name
 
