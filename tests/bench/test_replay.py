@@ -27,7 +27,7 @@ class SettlesAt:
             count += 1
         return count
 
-    def forget_before(self, index: int) -> None:
+    def froze(self, indices) -> None:
         pass
 
 
