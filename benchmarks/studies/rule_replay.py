@@ -132,7 +132,7 @@ def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, i
             frozen_at[modules[i]] = step
         if count:
             front += count
-            rule.froze(watched[:count])
+            rule.forget_before(front)
         if own is not None and front != sum(1 for m in modules if own.get(m) is not None and own[m] <= step):
             frozen_at[None] = step  # parted from the run: its readings on come from another model
             break

@@ -27,7 +27,7 @@ class SettlesAt:
             count += 1
         return count
 
-    def froze(self, indices) -> None:
+    def forget_before(self, index: int) -> None:
         pass
 
 

@@ -512,7 +512,6 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     assert policy.rule_settings == RuleSettings(
         window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=SPEEDS["safe"],
         idle_share=IDLE_SHARE, spent_share=None,  # the spent test is part of speed="fast" only
-        free_lr=SPEEDS["safe"],
     )
     paper = egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).rule_settings
     assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio, paper.low_lr, paper.idle_share) == (

@@ -171,7 +171,7 @@ class Controller:
         if count:
             names = tuple(self._name(i) for i in watched[:count])
             decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
-            self._froze(watched[:count], weights, request, by_module)
+            self._froze(count, weights, request, by_module)
             return answer(readings=rows, decision=decision)
         self.readings_since_refresh += 1
         # A reading that straddled a learning-rate change: the next one compares with a
@@ -252,11 +252,11 @@ class Controller:
         with limited_threads(self.threads):
             return outputs_until(self.current, blocks, args, kwargs)
 
-    def _froze(self, frozen: list[int], weights: Mapping[str, torch.Tensor], request: Request,
+    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request,
                training: Mapping[int, torch.Tensor | Gram]) -> None:
-        """The front modules ``frozen`` froze: watch the ones after them."""
-        self.frozen += len(frozen)
-        self.rule.froze(frozen)
+        """The front ``count`` modules froze: watch the ones after them."""
+        self.frozen += count
+        self.rule.forget_before(self.frozen)
         self.floors = {i: v for i, v in self.floors.items() if i >= self.frozen}
         if self.frozen < self.partition.freezable:
             self._refresh(weights, request, upto=self.watched[-1], training=training)

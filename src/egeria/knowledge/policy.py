@@ -85,8 +85,6 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         idle_share=IDLE_SHARE if config.rule == "egeria" else None,
         # the spent test takes pretrained layers early at a measured cost: part of "fast" only (034)
         spent_share=SPENT_SHARE if config.rule == "egeria" and lr_bound(config.speed) >= SPEEDS["fast"] else None,
-        # a freeze above the bound measured free (030) goes alone, the modules behind settle after it (035)
-        free_lr=SPEEDS["safe"] if config.rule == "egeria" else None,
     )
 
 

@@ -116,10 +116,6 @@ class RuleSettings:
         spent_share: a settled module (W stale readings) whose pace is at most this share of
             its fastest times the learning rate's share of its peak freezes whatever its
             outlook and ``low_lr`` (:meth:`FrontRule.spent`; None: never).
-        free_lr: a freeze at a learning rate above this share of the peak, of a module
-            neither quiet nor idle, is a trade (:meth:`FrontRule.costly`): that module
-            freezes without the ones behind it, and they need W stale readings taken after
-            it (None: the settled front freezes together, as in the paper).
     """
 
     window: int
@@ -130,7 +126,6 @@ class RuleSettings:
     low_lr: float | None = None
     idle_share: float | None = None
     spent_share: float | None = None
-    free_lr: float | None = None
 
 
 class Outlook:
@@ -223,7 +218,6 @@ class FrontRule:
         self.low_lr = settings.low_lr
         self.idle_share = settings.idle_share
         self.spent_share = settings.spent_share
-        self.free_lr = settings.free_lr
         self.active: int | None = None  # the most active module at the latest compare()
         self.lr: float | None = None  # the learning rate of the latest reading
         self.peak: float | None = None  # the highest learning rate of the run known so far
@@ -346,42 +340,13 @@ class FrontRule:
         watch = self.watches.get(index)
         return watch is not None and watch.idle >= self.window
 
-    def costly(self, index: int) -> bool:
-        """Whether freezing module ``index`` now is a trade: it is neither quiet nor idle and
-        the learning rate is above ``free_lr`` of its peak (or not known), where a frozen
-        module misses movement the run would still have made (docs/decisions/030 measured
-        freezes at 1/100 of the peak or lower free; docs/decisions/035 why such a freeze
-        goes alone). False without ``free_lr``."""
-        if self.free_lr is None or self.quiet(index) or self.idle(index):
-            return False
-        share = self.lr_share
-        return share is None or not at_most(share, self.free_lr)
-
     def settled_front(self, indices: Sequence[int]) -> int:
         """How many of ``indices`` (front first) have settled, counted from the front up to
-        the first that has not, or through the first whose freeze is costly (:meth:`costly`:
-        the modules behind it are judged again after it, :meth:`froze`)."""
+        the first that has not."""
         count = 0
         while count < len(indices) and self.settled(indices[count]):
             count += 1
-            if self.costly(indices[count - 1]):
-                break
         return count
-
-    def froze(self, indices: Sequence[int]) -> None:
-        """The front modules ``indices`` (as :meth:`settled_front` counted them) froze: their
-        watches and outlooks go. After a costly freeze (its last module's, the only one that
-        can be) the modules behind start their stale counts afresh: a frozen module no longer
-        follows what they learn, so they may move again, and readings taken before it do
-        not say whether they have settled with it frozen; each needs W stale readings taken
-        after it, the slope test's own span (docs/decisions/035-one-trade-at-a-time.md)."""
-        if not indices:
-            return
-        costly = self.costly(indices[-1])
-        self.forget_before(indices[-1] + 1)
-        if costly:
-            for watch in self.watches.values():
-                watch.stale = 0
 
     def tolerance(self, index: int) -> float | None:
         watch = self.watches.get(index)
