@@ -40,12 +40,14 @@ def language(model, batch):
     return next_token_loss(model(x), y)
 
 
-def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on_step=None, average=None):
-    """Trains with a scheduled policy; returns per-step (loss, grads), Egeria's cache stats."""
+def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on_step=None, average=None,
+        total_steps=None, accumulate=1):
+    """Trains with a scheduled policy, an optimizer step every ``accumulate`` batches;
+    returns per-batch (loss, grads), Egeria's cache stats."""
     torch.manual_seed(0)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    eg = egeria.Egeria(model, opt, policy=Plan(plan), average=average)
+    eg = egeria.Egeria(model, opt, policy=Plan(plan), average=average, total_steps=total_steps)
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(5))
     if cache is not None:
         loader = eg.cache_loader(loader, **{"serve": "always", **cache})
@@ -56,11 +58,12 @@ def run(make_model, dataset, plan, *, cache=None, epochs=4, loss_fn=classify, on
             dataset.set_epoch(epoch)  # as a user does without the cache (the cache does it too)
         for batch in loader:
             loss = loss_fn(model, batch)
-            opt.zero_grad()
             loss.backward()
             trace.append((loss.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-            opt.step()
-            eg.step(loss)
+            if len(trace) % accumulate == 0:
+                opt.step()
+                opt.zero_grad()
+            eg.step(loss)  # after every batch: only those after an optimizer step count
             if on_step is not None:
                 on_step(eg, len(trace))
     stats = eg.cache_stats
@@ -75,6 +78,28 @@ def assert_same(a, b):
         assert grads_a.keys() == grads_b.keys()
         for name in grads_a:
             torch.testing.assert_close(grads_b[name], grads_a[name], msg=name)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_nothing_is_recorded_in_the_runs_last_epoch_where_no_row_could_be_served(accumulate):
+    """6 batches an epoch, 3 epochs: frozen from the last epoch's first batch, the cache
+    computes and records nothing (no later epoch reads it); frozen an epoch earlier, it
+    records that epoch and serves the last; without a known length it records as before.
+    With gradient accumulation the steps are counted in forward passes."""
+    steps = 18 // accumulate
+    last_epoch = {12 // accumulate: 1}  # frozen after step 12 // accumulate: from batch 13 on
+    plain, _ = run(tiny_cnn, images(), last_epoch, epochs=3, accumulate=accumulate)
+    cached, stats = run(tiny_cnn, images(), last_epoch, epochs=3, cache={"memory_limit": 2**30},
+                        total_steps=steps, accumulate=accumulate)
+    assert_same(plain, cached)
+    assert (stats["computed"], stats["unrecorded"], stats["served"]) == (6, 6, 0), stats
+    assert all(level["bytes"] == 0 for level in stats["levels"].values())
+    _, unknown = run(tiny_cnn, images(), last_epoch, epochs=3, cache={"memory_limit": 2**30}, accumulate=accumulate)
+    assert (unknown["computed"], unknown["unrecorded"]) == (6, 0) and any(level["bytes"] > 0 for level in unknown["levels"].values())
+    earlier = {6 // accumulate: 1}  # from batch 7, the second epoch's first
+    _, stats = run(tiny_cnn, images(), earlier, epochs=3, cache={"memory_limit": 2**30}, total_steps=steps,
+                   accumulate=accumulate)
+    assert (stats["computed"], stats["unrecorded"], stats["served"]) == (6, 0, 6), stats
 
 
 # 6 batches per epoch: freeze 1 module at step 3, 2 at step 15, unfreeze at 27, refreeze at 30.

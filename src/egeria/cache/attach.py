@@ -57,6 +57,7 @@ def attach_loader(
     prefetch: int,
     serve: str,
     agree: Callable[[bool], bool] | None = None,
+    steps_left: Callable[[], int | None] | None = None,
 ) -> tuple[Any, ActivationCache | None]:
     """Wraps ``loader`` so that its batches feed ``cache`` (created when None).
 
@@ -85,6 +86,7 @@ def attach_loader(
         cache = _new_cache(
             rows, frozen, own, model=model, partition=partition, memory_limit=memory_limit, disk_limit=disk_limit,
             directory=directory, storage_dtype=storage_dtype, prefetch=prefetch, serve=serve, agree=agree,
+            steps_left=steps_left,
         )
     wrapped.on_epoch, wrapped.on_batch = cache.on_epoch, cache.on_batch
     return wrapped, cache
@@ -102,6 +104,8 @@ class CacheLoading:
     _layers: RunLayers
     _own: OwnPasses
     _prefix: FrozenPrefix | None
+    steps: int
+    total_steps: int | None
 
     @property
     def cache_stats(self) -> dict:
@@ -169,6 +173,7 @@ class CacheLoading:
             prefetch=prefetch,
             serve=serve,
             agree=None if ranks is None else lambda flag: ranks.all_true(flag, "a training forward pass"),
+            steps_left=self._steps_left,
         )
         return wrapped
 
@@ -210,6 +215,10 @@ class CacheLoading:
             partition=lambda: self._layers.partition, memory_limit=memory_limit, disk_limit=disk_limit,
             directory=directory, storage_dtype=storage_dtype, prefetch=0, serve=serve, keys_in_batch=True,
         )
+
+    def _steps_left(self) -> int | None:
+        """The training steps the run has still to take (None: its length is not known)."""
+        return None if self.total_steps is None else max(self.total_steps - self.steps, 0)
 
     def _check_cacheable(self) -> None:
         if self._compiled:

@@ -157,6 +157,9 @@ class ActivationCache:
             argument :data:`~.batchkeys.KEYS` (:mod:`egeria.cache.batchkeys`), which a
             forward pre-hook run before any other takes out; no loader calls
             :meth:`on_batch`, and nothing is read ahead (the epoch's order is not known).
+        steps_left: the training steps the run has still to take (None: not known). Where
+            it and the epoch's plan are known, a batch computed when no later epoch will
+            come is not recorded: none of its rows could be served (:meth:`_seen_again`).
     """
 
     def __init__(
@@ -175,6 +178,7 @@ class ActivationCache:
         eval_forward: Callable[[], ContextManager[None]],
         agree: Callable[[bool], bool] | None = None,
         keys_in_batch: bool = False,
+        steps_left: Callable[[], int | None] | None = None,
     ) -> None:
         self.model = model
         self._agree = agree
@@ -201,10 +205,16 @@ class ActivationCache:
         self._unwritten: tuple[_Level, list[int], HostCopy] | None = None  # the last boundary output
         self._write_s = 0.0
         self._self_forward = False
+        self._steps_left = steps_left
+        self._left: int | None = None  # the steps left at the latest training forward pass
+        self._in_step = 0  # training forward passes since the steps left last changed
+        self._per_step = 0  # the most training forward passes one step has taken (0: none seen whole)
+        self._keep = True  # the batch being computed is worth recording (_seen_again)
         self._spec_handles: list = []  # output-shape hooks of the forward pass being recorded
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
         self.decisions: list[dict] = []  # each level's timed choice between serving and computing
-        self.stats = {"served": 0, "partly": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0}
+        self.stats = {"served": 0, "partly": 0, "computed": 0, "chained": 0, "prefetch_hits": 0, "prefetch_misses": 0, "corrupt": 0, "batches": 0,
+                      "unrecorded": 0}
         self._handles = [
             mark(model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)),
             mark(model.register_forward_hook(self._on_forward_end, always_call=True)),
@@ -253,6 +263,8 @@ class ActivationCache:
         self._recording = None
         self._timing = None
         keys, self._keys = self._keys, None
+        if not self._self_forward and module.training and not self._internal():
+            self._count_forward()
         if keys is None or self._self_forward or self._internal() or not module.training or self.frozen == 0:
             return  # the same on every rank
         if self._agree is not None:
@@ -290,11 +302,37 @@ class ActivationCache:
         elif self._serve_part(level, keys, args, kwargs, batch, started):
             return
         self.stats["computed"] += 1
-        self._recording = (level, keys)
+        if self._keep:
+            self._recording = (level, keys)
+        else:
+            self.stats["unrecorded"] += 1
         self._write_s = 0.0
         if not self._stubs:
             self._timing = (level, "compute", started)
         self._capture_specs(level, batch)
+
+    def _count_forward(self) -> None:
+        """Counts a training forward pass: per step (a change of the steps left marks a new
+        step), so that the run's forward passes still to come are known under gradient
+        accumulation too; and says whether the batch is worth recording."""
+        left = None if self._steps_left is None else self._steps_left()
+        if left != self._left:
+            if self._left is not None:
+                self._per_step = max(self._per_step, self._in_step)
+            self._left, self._in_step = left, 0
+        self._in_step += 1
+        self._keep = self._seen_again()
+
+    def _seen_again(self) -> bool:
+        """Whether a batch computed now can still be served: the run's training forward
+        passes go on past this epoch's last batch, so its keys come again (True where the
+        run's length, the epoch's plan or the forward passes of a step are not known). A
+        row recorded in the run's last epoch is a copy never read: on the cut (b) such
+        copies cost about 6% of the run's time (docs/decisions/036-cache-last-epoch.md)."""
+        if self._left is None or not self._per_step or not self.plan or self.position < 0:
+            return True
+        to_come = self._left * self._per_step - self._in_step  # after this one
+        return to_come > len(self.plan) - self.position - 1
 
     def _same_sample_shapes(self, level: _Level, inputs: list[torch.Tensor]) -> bool:
         """Whether the batch's inputs have the per-sample shapes of the level's first batch
@@ -594,8 +632,11 @@ class ActivationCache:
             return False
         computed_keys = [keys[i] for i in missing]
 
+        keep = self._keep
+
         def record(rows: Any) -> None:  # written at the next forward's start, as a recorded batch is
-            self._unwritten = (level, computed_keys, HostCopy(rows))
+            if keep:
+                self._unwritten = (level, computed_keys, HostCopy(rows))
 
         self._stubs = install_part_stubs(
             self.model, level.blocks, level.boundary, leaves(output), there, missing, batch, record
