@@ -302,14 +302,19 @@ class ActivationCache:
         elif self._serve_part(level, keys, args, kwargs, batch, started):
             return
         self.stats["computed"] += 1
-        if self._keep:
-            self._recording = (level, keys)
-        else:
-            self.stats["unrecorded"] += 1
+        self._record(level, keys)
         self._write_s = 0.0
         if not self._stubs:
             self._timing = (level, "compute", started)
         self._capture_specs(level, batch)
+
+    def _record(self, level: _Level, keys: list[int]) -> None:
+        """The batch being computed is recorded at the level's boundary, where a later epoch
+        can serve it (:meth:`_seen_again`)."""
+        if self._keep:
+            self._recording = (level, keys)
+        else:
+            self.stats["unrecorded"] += 1
 
     def _count_forward(self) -> None:
         """Counts a training forward pass: per step (a change of the steps left marks a new
@@ -386,7 +391,7 @@ class ActivationCache:
         if level is None or level.off is not None or self.off:
             return
         self.stats["computed"] += 1
-        self._recording = (level, keys)
+        self._record(level, keys)  # each rank's own rows: no collective
         self._write_s = 0.0
         self._timing = (level, "compute", started)
         self._capture_specs(level, len(keys))
