@@ -209,7 +209,6 @@ class ActivationCache:
         self._left: int | None = None  # the steps left at the latest training forward pass
         self._in_step = 0  # training forward passes since the steps left last changed
         self._per_step = 0  # the most training forward passes one step has taken (0: none seen whole)
-        self._keep = True  # the batch being computed is worth recording (_seen_again)
         self._spec_handles: list = []  # output-shape hooks of the forward pass being recorded
         self.prefetcher = Prefetcher(self._read, prefetch) if prefetch > 0 else None
         self.decisions: list[dict] = []  # each level's timed choice between serving and computing
@@ -263,9 +262,10 @@ class ActivationCache:
         self._recording = None
         self._timing = None
         keys, self._keys = self._keys, None
-        if not self._self_forward and module.training and not self._internal():
+        training = module.training and not self._self_forward and not self._internal()
+        if training:
             self._count_forward()
-        if keys is None or self._self_forward or self._internal() or not module.training or self.frozen == 0:
+        if keys is None or not training or self.frozen == 0:
             return  # the same on every rank
         if self._agree is not None:
             self._start_agreed(keys, args, kwargs)
@@ -311,7 +311,7 @@ class ActivationCache:
     def _record(self, level: _Level, keys: list[int]) -> None:
         """The batch being computed is recorded at the level's boundary, where a later epoch
         can serve it (:meth:`_seen_again`)."""
-        if self._keep:
+        if self._seen_again():
             self._recording = (level, keys)
         else:
             self.stats["unrecorded"] += 1
@@ -319,14 +319,13 @@ class ActivationCache:
     def _count_forward(self) -> None:
         """Counts a training forward pass: per step (a change of the steps left marks a new
         step), so that the run's forward passes still to come are known under gradient
-        accumulation too; and says whether the batch is worth recording."""
+        accumulation too."""
         left = None if self._steps_left is None else self._steps_left()
         if left != self._left:
             if self._left is not None:
                 self._per_step = max(self._per_step, self._in_step)
             self._left, self._in_step = left, 0
         self._in_step += 1
-        self._keep = self._seen_again()
 
     def _seen_again(self) -> bool:
         """Whether a batch computed now can still be served: the run's training forward
@@ -637,7 +636,7 @@ class ActivationCache:
             return False
         computed_keys = [keys[i] for i in missing]
 
-        keep = self._keep
+        keep = self._seen_again()
 
         def record(rows: Any) -> None:  # written at the next forward's start, as a recorded batch is
             if keep:
