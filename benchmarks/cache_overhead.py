@@ -93,7 +93,7 @@ def _setup(task: str, seed: int) -> tuple:
     if task == "demo":
         import egeria.bench.demo as demo
 
-        s = demo.STUDY
+        s = demo.FULL
         prepared = demo.prepare(s, seed)
         model, optimizer, scheduler = demo._setup(prepared.initial, s, prepared.milestones)
         loader = torch.utils.data.DataLoader(

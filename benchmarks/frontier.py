@@ -135,7 +135,7 @@ def run(seed: int, scale: int, arms: list[str], out: Path, label: str | None, co
     if path.is_file():
         print(f"{path} is there: skipped")
         return path
-    settings = replace(demo.STUDY, epochs=demo.STUDY.epochs * scale, device=device)
+    settings = replace(demo.FULL, epochs=demo.FULL.epochs * scale, device=device)
     prepared = demo.prepare(settings, seed)
     machine = describe_machine(device)
     print(f"command: {command}")

@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     if not hasattr(demo, "_Alone"):  # before the reshape the demo insisted on turns: none to take alone
         idle = SimpleNamespace(join=lambda: None, step=lambda: None, leave=lambda: None)
         demo.current_turns = lambda: idle  # type: ignore[attr-defined]
-    s = getattr(demo, "STUDY", demo.FULL)  # the layout every commit before STUDY trained in
+    s = demo.FULL
     shared = demo.prepare(s, seed)
     record, extra = demo._train(
         "egeria", shared.initial, shared.train, shared.test, s, seed, shared.milestones, EgeriaConfig(eval_interval=20),

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
             changed[field] = json.loads(text)
         except json.JSONDecodeError:
             changed[field] = text
-    s = demo.STUDY
+    s = demo.FULL
     shared = demo.prepare(s, seed)
     config = EgeriaConfig(**changed) if arm == "egeria" else None
     record, extra = demo._train(

@@ -51,7 +51,7 @@ def run(seed: int, twin: int, at: int) -> dict:
 
     # Read first: a missing committed demo stops the run before its minutes of training.
     committed = json.loads((ROOT / f"benchmarks/results/demo/seed{seed}/demo.json").read_text())["runs"]
-    s = demo.STUDY
+    s = demo.FULL
     shared = demo.prepare(s, seed)
     model, optimizer, scheduler = demo._setup(shared.initial, s, shared.milestones)
     # The demo's loader (shuffled by a generator with the seed) over the examples' indices:

@@ -44,7 +44,7 @@ from .turns import current as current_turns
 from .turns import run_in_turns
 
 __all__ = [
-    "ARMS", "DemoSettings", "FULL", "QUICK", "STUDY", "run_demo", "format_report", "Prepared", "prepare", "identical_through",
+    "ARMS", "DemoSettings", "FULL", "QUICK", "run_demo", "format_report", "Prepared", "prepare", "identical_through",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,17 +84,10 @@ class DemoSettings:
     # Where the model trains ("cpu", or an accelerator such as "cuda"): the data stays on the
     # host and each batch is moved there, as a user's loop does.
     device: str = "cpu"
-    # The model's weights in the channels-last memory format, the layout PyTorch recommends for
-    # CNNs: oneDNN's CPU convolutions then run without reordering, 1.3x per training step on
-    # the 2-core AMD EPYC VM. Every arm alike; the data needs no change (one channel).
-    channels_last: bool = True
 
 
-#: The full demo: about 2-3 minutes of training per run on two CPU cores (8 in all with evaluation).
+#: The full demo: 2-4 minutes of training per run on two CPU cores (8-11 in all with evaluation).
 FULL = DemoSettings()
-#: FULL as the studies' committed runs trained it (benchmarks/frontier.py, studies/): the
-#: weights in PyTorch's default layout, so that a new run extends them.
-STUDY = DemoSettings(channels_last=False)
 #: A smoke-test run of a few seconds of training.
 QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2)
 
@@ -257,7 +250,7 @@ def _setup(
 
     model = resnet(depth=20, in_channels=1, num_classes=10)
     model.load_state_dict(initial)
-    model.to(s.device, memory_format=torch.channels_last if s.channels_last else torch.preserve_format)
+    model.to(s.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=0.9, weight_decay=5e-4)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
     return model, optimizer, scheduler
@@ -376,8 +369,8 @@ def _train(
 @torch.no_grad()
 def _accuracy(model: nn.Module, test: tuple[torch.Tensor, torch.Tensor], batch: int = 64) -> float:
     """Share of ``test`` classified right (the model is in eval mode). Batches of 64 keep a
-    layer's activations within the CPU's caches: 10,000 images took 3.8-3.9 s on the AMD EPYC VM
-    against 5.2-7.2 s in batches of 500 (either layout), with the same predictions."""
+    layer's activations within the CPU's caches: 10,000 images took 3.8 s on the AMD EPYC VM against
+    7.0 s in batches of 500, with the same predictions."""
     x_all, y_all = test
     correct = 0
     for start in range(0, len(y_all), batch):
