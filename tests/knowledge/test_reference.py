@@ -237,3 +237,25 @@ def test_a_saved_bf16_reference_loads_on_a_cpu_with_the_other_bf16_arithmetic(mo
     # the old snapshot's numbers, up to fp32 accumulation order: far under its drift from now
     drift = egeria.sp_loss(before, training_activation(model, partition, example, last)).item()
     assert egeria.sp_loss(before, after).item() < 1e-3 * drift
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bf16_reference_refreshed_in_place_computes_what_one_built_anew_does(monkeypatch, native):
+    _bf16_numerics(monkeypatch, native)
+    model = resnet(depth=8, in_channels=1, width=8)
+    example = (torch.randn(8, 1, 16, 16),)
+    batch = (example, {})
+    partition, ref, last = reference_for(model, example, "bf16")
+    built = dict(ref._built)
+    before = ref.activation(batch, last)
+    with torch.no_grad():  # new weights and BatchNorm statistics
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point():
+                t.add_(0.05 * torch.randn_like(t).abs())
+    ref.refresh(model.state_dict(), 0, last, batch)
+    assert built and all(ref._built[name] is block for name, block in built.items())  # copied in, not rebuilt
+    anew = ReferenceModel(model, partition, "bf16")
+    anew.refresh(model.state_dict(), 0, last, batch)
+    for index in range(last + 1):
+        torch.testing.assert_close(ref.activation(batch, index), anew.activation(batch, index), rtol=0, atol=0)
+    assert not torch.equal(ref.activation(batch, last), before)

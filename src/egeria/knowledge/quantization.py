@@ -240,6 +240,30 @@ def bf16_block(block: nn.Module, device: torch.device) -> tuple[nn.Module, str]:
     return CastBlock(block, torch.bfloat16), "bf16"
 
 
+@torch.no_grad()
+def retake_bf16(built: nn.Module, block: nn.Module) -> bool:
+    """Copies ``block``'s weights and buffers into ``built``, a block :func:`bf16_block` made
+    from it, with the same numbers a new one would get: a refresh then costs a copy, not a
+    deep copy of the block. False (nothing copied) where ``built`` is not such a block or
+    no longer matches ``block``'s tensors."""
+    if isinstance(built, CastBlock):
+        convert = _as(built.dtype)
+    elif isinstance(built, RoundedBlock):
+        convert = _rounded
+    else:
+        return False
+    own, theirs = built.block.state_dict(), block.state_dict()
+    if own.keys() != theirs.keys() or any(own[k].shape != theirs[k].shape for k in own):
+        return False
+    for key, value in theirs.items():
+        own[key].copy_(convert(value))
+    return True
+
+
+def _as(dtype: torch.dtype) -> Any:
+    return lambda t: t.to(dtype) if t.is_floating_point() else t
+
+
 def _rounded(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(t.dtype) if t.is_floating_point() and t.dtype != torch.bfloat16 else t
 

@@ -28,7 +28,7 @@ from ..checkpoint.statecheck import Spec, encoded_tensor, integer, items, keyed,
 from ..nested import map_tensors
 from ..partition import Partition
 from .placement import model_device
-from .quantization import CONV_TYPES, StaticInt8, bf16_block, dynamic_int8, has_layers, int8_unavailable
+from .quantization import CONV_TYPES, StaticInt8, bf16_block, dynamic_int8, has_layers, int8_unavailable, retake_bf16
 from .threads import limited_threads
 from .truncated import outputs_until, run_until
 from .weights import ModuleKeys, float_snapshot
@@ -121,12 +121,19 @@ class ReferenceModel:
         target_blocks = self._blocks_of(targets)
         with limited_threads(self.threads):
             self._copy_from(weights, targets)
+        if self.precision == "bf16":  # a bf16 block built before takes the new weights in place
+            target_blocks = [b for b in target_blocks if not self._retake(b)]
         for block in target_blocks:
             self._built.pop(block, None)
         inputs = self._block_inputs(calibration, target_blocks) if self.precision == "int8" else {}
         with limited_threads(self.threads):
             for block in target_blocks:
                 self._build(block, inputs.get(block))
+
+    def _retake(self, name: str) -> bool:
+        """Whether block ``name``'s built bf16 copy took the snapshot's weights in place."""
+        built = self._built.get(name)
+        return built is not None and retake_bf16(built, self._float.get_submodule(name))
 
     def _build(self, name: str, call: Batch | None, observers: dict[str, list[float]] | None = None) -> None:
         block = self._float.get_submodule(name)
