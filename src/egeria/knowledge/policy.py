@@ -373,7 +373,9 @@ class KnowledgeGuided:
     def _keep_budget(self) -> None:
         """Once the first evaluations are measured: lengthen a derived n that breaks the
         cost budget, or report an explicit one. The watches go on: restarting them would set
-        the tolerances from the flatter slopes read later (docs/decisions/016-cost-budget.md)."""
+        the tolerances from the flatter slopes read later (docs/decisions/016-cost-budget.md). The
+        rule's timing is in readings, so a lengthened n moves its decisions with the machine's
+        pace (docs/decisions/037-reading-cost-sets-n.md)."""
         limit = self.config.cost_budget
         if limit is None or self.budget_checked or not self.budget.measured:
             return

@@ -245,7 +245,7 @@ def retake_bf16(built: nn.Module, block: nn.Module) -> bool:
     """Copies ``block``'s weights and buffers into ``built``, a block :func:`bf16_block` made
     from it, with the same numbers a new one would get: a refresh then costs a copy, not a
     deep copy of the block. False (nothing copied) where ``built`` is not such a block or
-    no longer matches ``block``'s tensors."""
+    no longer matches ``block``'s tensors (docs/decisions/037-reading-cost-sets-n.md)."""
     if isinstance(built, CastBlock):
         convert = _as(built.dtype)
     elif isinstance(built, RoundedBlock):
