@@ -86,7 +86,7 @@ class DemoSettings:
     device: str = "cpu"
 
 
-#: The full demo: 2-4 minutes of training per run on two CPU cores (8-11 in all with evaluation).
+#: The full demo: 2-4 minutes of training per run on two CPU cores (5-16 in all by VM, with evaluation).
 FULL = DemoSettings()
 #: A smoke-test run of a few seconds of training.
 QUICK = DemoSettings(train_limit=1_024, test_limit=500, epochs=2)

@@ -121,8 +121,8 @@ class ReferenceModel:
         target_blocks = self._blocks_of(targets)
         with limited_threads(self.threads):
             self._copy_from(weights, targets)
-        if self.precision == "bf16":  # a bf16 block built before takes the new weights in place
-            target_blocks = [b for b in target_blocks if not self._retake(b)]
+            if self.precision == "bf16":  # a bf16 block built before takes the new weights in place
+                target_blocks = [b for b in target_blocks if not self._retake(b)]
         for block in target_blocks:
             self._built.pop(block, None)
         inputs = self._block_inputs(calibration, target_blocks) if self.precision == "int8" else {}
