@@ -14,6 +14,7 @@ here, and where it is missing :func:`int8_unavailable` says why and callers fall
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
 from typing import Any, Iterator
@@ -247,7 +248,7 @@ def retake_bf16(built: nn.Module, block: nn.Module) -> bool:
     deep copy of the block. False (nothing copied) where ``built`` is not such a block or
     no longer matches ``block``'s tensors (docs/decisions/037-reading-cost-sets-n.md)."""
     if isinstance(built, CastBlock):
-        convert = _as(built.dtype)
+        convert = functools.partial(_cast, dtype=built.dtype)
     elif isinstance(built, RoundedBlock):
         convert = _rounded
     else:
@@ -258,10 +259,6 @@ def retake_bf16(built: nn.Module, block: nn.Module) -> bool:
     for key, value in theirs.items():
         own[key].copy_(convert(value))
     return True
-
-
-def _as(dtype: torch.dtype) -> Any:
-    return lambda t: t.to(dtype) if t.is_floating_point() else t
 
 
 def _rounded(t: torch.Tensor) -> torch.Tensor:
