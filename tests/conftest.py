@@ -57,14 +57,3 @@ def no_idle(monkeypatch) -> None:
     from egeria.knowledge import policy as knowledge
 
     monkeypatch.setattr(knowledge, "IDLE_SHARE", None)
-
-
-@pytest.fixture
-def no_spent(monkeypatch) -> None:
-    """Egeria's spent test off (docs/decisions/034-spent-modules.md): the tests' ``Chain``,
-    trained on a few batches over and over, learns them and its modules' paces fall a
-    hundredfold beyond the learning rate's fall well above the bound; tests of the bound
-    take this fixture."""
-    from egeria.knowledge import policy as knowledge
-
-    monkeypatch.setattr(knowledge, "SPENT_SHARE", None)

@@ -44,19 +44,19 @@ TOLERANCE_RATIO = 0.2
 #: Bootstrapping ends when the relative change of the smoothed training loss between two
 #: consecutive intervals of n steps falls below this (the paper's 10%).
 BOOTSTRAP_CHANGE_RATE = 0.10
-#: n when ``eval_interval`` is None: Egeria's rule reads every this many steps, and the
-#: paper's guideline n is raised to it. The paper evaluates every ~10 to ~100 iterations
-#: (section 3.2); on short runs its guideline gives readings too close to tell convergence
-#: from SGD noise: see docs/decisions/003-eval-interval.md.
+#: D under Egeria's rule: the steps each reading's drift covers (the reference is refreshed
+#: this many steps before the reading), and n when ``eval_interval`` is None; the rule's
+#: spans are W x D steps (egeria.knowledge.spans). The paper's guideline n is raised to it.
+#: The paper evaluates every ~10 to ~100 iterations (section 3.2); on short runs its
+#: guideline gives readings too close to tell convergence from SGD noise: see
+#: docs/decisions/003-eval-interval.md.
 MIN_EVAL_INTERVAL = 20
 #: The smallest W the paper's rule halves down to at repeated unfreezes.
 MIN_WINDOW = 2
-#: Evaluations in flight at most (sent, not yet answered); one more is dropped and counted
-#: instead of making the trainer wait or memory grow.
+#: Evaluations in flight at most (sent, not yet answered): a reading and the refresh before
+#: the next one. A decision applies D steps after its reading, the trainer waiting there for
+#: an answer not yet in, so no more are ever in flight; one more would be dropped and counted.
 MAX_IN_FLIGHT = 2
-#: A freeze decision is applied at most this many evaluation intervals (n steps each)
-#: after the evaluation it came from; a later one is discarded and the watch restarts.
-MAX_LAG_INTERVALS = 2
 #: Fields of earlier 0.x versions, with what took their place.
 REMOVED = {
     "tolerance_ratio": "removed: the slope test's ratio is the paper's, egeria.config.TOLERANCE_RATIO",
@@ -92,20 +92,23 @@ class EgeriaConfig:
     """
 
     eval_interval: int | None = None
-    """n: steps between two plasticity evaluations, and between two looks at the loss
-    during bootstrapping. None: under the paper's rule, derived from ``total_steps`` by
-    the paper's guideline n = total_steps / (2 W) / modules / 1.75 (section 4.2.2);
-    under Egeria's, MIN_EVAL_INTERVAL, 20 (every module is read at once, so n sets how
-    soon after its drift falls a module freezes, whatever the run's length); the
-    guideline's n is raised to it too. An explicit value is used as given. The cost
-    budget may lengthen a derived n."""
+    """n: steps between two plasticity readings. It sets how densely the rule's spans are
+    sampled, not the spans: they are optimizer steps (egeria.knowledge.spans; each reading
+    covers the drift of D = 20 steps, a module must stay settled for W x D), so a faster or
+    slower machine freezes the same modules at the same steps within one interval. None:
+    under Egeria's rule, MIN_EVAL_INTERVAL, 20, and the cost budget may space readings up to
+    (W - 1) x D; under the paper's, derived from ``total_steps`` by its guideline n =
+    total_steps / (2 W) / modules / 1.75 (section 4.2.2), raised to 20, and D = n. An
+    explicit value is used as given: below D each reading covers n steps; beyond (W - 1) x D
+    each covers n / (W - 1) (a span holds two readings)."""
     window: int | None = None
-    """W: evaluations with a low plasticity slope needed to freeze a module; also the
-    length of the moving-average window and of the slope fit. Halved at each unfreeze
-    under the paper's rule. None: the rule's own, 10 (paper) or 3 (egeria: its modules
-    freeze only once the drift still to come has fallen to ``horizon`` of its largest,
-    so the W readings confirm a level rather than guard against noise at a high
-    learning rate; see docs/decisions/009-window-3.md)."""
+    """W: the rule's span is W x D steps (D = 20 under Egeria's rule): a module must have a
+    low plasticity slope at every reading of a span to freeze, and the moving average and
+    the slope fit take a span's readings (W readings at one every D steps, as in the
+    paper). Halved at each unfreeze under the paper's rule. None: the rule's own, 10
+    (paper) or 3 (egeria: its modules freeze only once the drift still to come has fallen
+    to ``horizon`` of its largest, so the span confirms a level rather than guards against
+    noise at a high learning rate; see docs/decisions/009-window-3.md)."""
     reference_precision: str = "auto"
     """Arithmetic of the reference model: "int8" (quantized, the paper's), "bf16", "fp32",
     or "auto": bf16 (its refresh is a cast, and floor_ratio is measured
@@ -150,18 +153,16 @@ class EgeriaConfig:
     enough that the cost budget keeps n at 20 on 2 CPU cores; see
     docs/decisions/010-probe-size.md) or the whole batch (paper)."""
     horizon: float | None = None
-    """Egeria's criterion: a module whose readings have settled (the slope test over W
-    readings) freezes once the drift still to come is at most this share of the largest
+    """Egeria's criterion: a module whose readings have settled (the slope test over the
+    rule's span) freezes once the drift still to come is at most this share of the largest
     it has had in the run. The drift still to come is the module's pace (its drift per
-    unit of learning-rate mass, the median of its last W readings) times the
+    unit of learning-rate mass, the median of the span's readings) times the
     learning-rate mass still ahead, read from the schedule whatever built it
     (egeria.lr_schedule); without a known schedule only quiet modules (floor_ratio) and
     idle ones (at most 1/100 of the most active watched module's plasticity;
     docs/decisions/032-idle-modules.md) freeze. With it, a module that is neither also waits for a learning rate at most
     the share of the run's peak that ``speed`` names (1/100 by default;
-    docs/decisions/030-freeze-at-low-lr.md); at speed "fast" also a spent one: its pace fallen
-    to at most 1/100 of its fastest times the learning rate's share of its peak
-    (docs/decisions/034-spent-modules.md), which freezes it whatever its outlook. None: the rule's own, 0.0005 at the default
+    docs/decisions/030-freeze-at-low-lr.md). None: the rule's own, 0.0005 at the default
     speed (egeria; see docs/decisions/008-horizon.md), scaled with ``speed``
     (:func:`speed_horizon`: 0.0026 "balanced", 0.016 "fast"), or none (paper: the slope
     alone decides); 1.0 turns both conditions off."""
@@ -171,10 +172,7 @@ class EgeriaConfig:
     still moves (is not at its floor) may freeze. "safe" (default): 1/100, after a step
     schedule's second tenfold decay or in the last few percent of a cosine; every freeze
     measured there cost nothing. "balanced": 1/30. "fast": 1/10, after a step schedule's
-    first decay, where also a settled module whose pace has fallen a hundredfold beyond the
-    learning rate's fall (spent: a pretrained layer done adapting) freezes at any rate
-    (docs/decisions/034-spent-modules.md). A number in (0, 1] is that share itself (1.0: no
-    bound; 1/10 or more also turns the spent test on). Unless
+    first decay. A number in (0, 1] is that share itself (1.0: no bound). Unless
     ``horizon`` is given, it moves the drift still to come that a module may freeze at
     with it (:func:`speed_horizon`). The lower the
     bound, the later and safer the freeze; the measured cost and speedup of each value are
@@ -182,7 +180,7 @@ class EgeriaConfig:
     (docs/decisions/032-idle-modules.md) freeze at any learning rate whatever the value. The paper's rule and the baseline policies
     ignore it."""
     floor_ratio: float | None = None
-    """A module also freezes after W readings in a row whose smoothed plasticity is at most
+    """A module also freezes after a span of readings (W x D steps) whose smoothed plasticity is at most
     this many times its *floor*: what a reading reads when the module has not moved (the
     reference's own error, measured after each refresh at one more reference forward),
     however much learning-rate mass is still ahead: its drift cannot be told from none.
@@ -192,9 +190,12 @@ class EgeriaConfig:
     docs/decisions/012-floor-ratio.md). 0 turns it off."""
     cost_budget: float | None = 0.01
     """Share of training time Egeria's readings may take on the training thread. With a
-    derived n, n is lengthened once, early, to keep within it (measured on the first
-    evaluations); a budget an explicit eval_interval breaks is reported once. None: no
-    budget. See docs/decisions/016-cost-budget.md."""
+    derived n, readings are spaced further apart once, early, to keep within it (measured
+    on the first evaluations), up to (W - 1) x D steps so that a span holds two: it sets
+    how densely the rule's spans are sampled, never the spans, so the decisions stay where
+    they are within one interval (docs/decisions/038-steps-not-readings.md). A budget an
+    explicit eval_interval breaks is reported once. None: no budget. See
+    docs/decisions/016-cost-budget.md."""
     activation_mode: str = "eval"
     """Where a reading's training activation comes from. "eval": at the evaluation step the
     model's front, up to the watched module, runs once more in eval mode without

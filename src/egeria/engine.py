@@ -239,7 +239,8 @@ class Egeria(Checkpointing, CacheLoading):
     @property
     def controller_stats(self) -> dict:
         """The controller link's counts: executor, evaluations sent, dropped and answered,
-        decisions discarded as too late, the lag (in steps) of every answer, faults, and
+        the lag (in steps) of every answer, the step boundaries where training waited for a
+        due answer (``training_waits``, ``training_waited_s``), faults, and
         ``overhead``: Egeria's own time on the training thread over the run (seconds, and
         its share of the run's wall time between step boundaries)."""
         return self._asks.controller_stats()

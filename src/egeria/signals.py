@@ -12,7 +12,7 @@ The scalars, every name under ``egeria/``:
 - ``plasticity/<module>``: the latest plasticity reading of each module read so far
   (Egeria's policy);
 - ``readings_sent``, ``readings_answered``, ``readings_dropped``: the controller's
-  evaluations; ``readings_late``: answers that came too late to act on (Egeria's policy);
+  evaluations (Egeria's policy);
 - ``overhead_share``: Egeria's own time on the training thread over the run's (Egeria's
   policy, once measured).
 
@@ -52,7 +52,6 @@ def scalars(
         out["readings_sent"] = float(stats.get("sent", 0))
         out["readings_answered"] = float(stats.get("answered", 0))
         out["readings_dropped"] = float(stats.get("dropped", 0))
-        out["readings_late"] = float(stats.get("discarded_decisions", 0))
         share = (stats.get("overhead") or {}).get("share")
         if share is not None:
             out["overhead_share"] = float(share)

@@ -51,6 +51,11 @@ class Delayed(InlineExecutor):
             channel.put_nowait(message)
             self.service.obey_control()
 
+    def wait(self, seqs):
+        """The training side waits for answers due now: the controller gets to them."""
+        self.deliver()
+        return super().wait(seqs)
+
     def deliver(self, upto: int | None = None) -> None:
         """Hands the controller the messages sent so far (the first ``upto`` ever sent)."""
         upto = len(self.outbox) if upto is None else upto

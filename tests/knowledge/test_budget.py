@@ -1,5 +1,6 @@
 """The cost budget: Egeria's time on the training thread against training time, on a
-fake clock; a derived n is lengthened to meet it, an explicit one is kept and reported."""
+fake clock; a derived n is spaced out to meet it within the rule's spans, an explicit one
+is kept and reported."""
 
 from __future__ import annotations
 
@@ -55,15 +56,25 @@ def _policy(config):
     return policy
 
 
-@pytest.mark.parametrize("budget, interval", [(0.01, 30), (None, 2)])
-def test_a_derived_interval_is_lengthened_once_to_meet_the_budget(budget, interval, monkeypatch):
-    monkeypatch.setattr(egeria.knowledge.policy, "MIN_EVAL_INTERVAL", 2)
+@pytest.mark.parametrize("lag, budget, interval", [(20, 0.01, 30), (2, 0.01, 4), (2, None, 2)])
+def test_a_derived_interval_is_spaced_out_once_to_meet_the_budget_within_the_spans(lag, budget, interval, monkeypatch,
+                                                                                   caplog):
+    """30 ms per reading, 100 ms per step: n >= 30 for 1%. With D = 20 and W = 3 a span of 60
+    steps holds two readings 30 apart: n = 30. With D = 2 the span is 6 steps: n stops at 4,
+    (W - 1) x D, and the log says what the readings then take; the spans never grow."""
+    monkeypatch.setattr(egeria.knowledge.policy, "MIN_EVAL_INTERVAL", lag)
     config = quick_config(eval_interval=None, cost_budget=budget)
     model = Chain()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    eg = egeria.Egeria(model, opt, config=config, total_steps=50, policy=_policy(config))
-    train(model, opt, eg, batches(3))
-    assert eg.eval_interval == interval  # 30 ms per reading, 100 ms per step: n >= 30 for 1%
+    eg = egeria.Egeria(model, opt, config=config, total_steps=5 * lag + 30, policy=_policy(config))
+    with caplog.at_level(logging.INFO, logger="egeria"):
+        train(model, opt, eg, batches(1) * (5 * lag + 30))
+    assert eg.eval_interval == interval
+    assert eg.policy.spans.lag == lag and eg.policy.spans.span == 3 * lag
+    capped = [r.getMessage() for r in caplog.records if "must hold two readings" in r.getMessage()]
+    assert len(capped) == (lag == 2 and budget is not None)
+    if capped:
+        assert "n is now 4, not 30" in capped[0] and "7.5%" in capped[0]
     eg.close()
 
 
@@ -73,7 +84,7 @@ def test_an_explicit_interval_is_kept_and_the_broken_budget_reported_once(caplog
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     eg = egeria.Egeria(model, opt, config=config, policy=_policy(config))
     with caplog.at_level(logging.WARNING, logger="egeria"):
-        train(model, opt, eg, batches(6))
+        train(model, opt, eg, batches(1) * 40)
     assert eg.eval_interval == 2
     warnings = [r.getMessage() for r in caplog.records if "cost budget" in r.getMessage()]
     assert len(warnings) == 1 and "30.0 ms" in warnings[0] and "n=30" in warnings[0]

@@ -18,7 +18,6 @@ from egeria.config import SPEEDS
 from egeria.knowledge.plasticity import REGIME_CHANGE
 from egeria.knowledge.rule import FrontRule, RuleSettings
 from egeria.lr_schedule import read_schedule
-from egeria.knowledge.budget import CostBudget
 from tiny import Chain, batches, quick_config, train
 
 
@@ -80,7 +79,7 @@ def _cosine_run(caplog, speed, steps: int = 700) -> egeria.Egeria:
 
 
 @pytest.mark.parametrize("speed", ["safe", "fast"])
-def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(caplog, speed, no_idle, no_spent):
+def test_a_warmup_cosine_run_restarts_no_watch_after_its_warmup_and_freezes(caplog, speed, no_idle):
     """About 700 steps of warm-up and cosine, n=20: the rate halves between the last
     readings, which once restarted every watch so that nothing froze; now the modules'
     watches go on and they freeze once the rate is at the speed's bound."""
@@ -106,68 +105,6 @@ def test_a_warmup_cosine_run_too_short_for_the_safe_bound_blames_the_bound(caplo
     assert not [e for e in eg.events if e.action == "freeze"] and len(said) == 1, said
     assert "unknown schedule" not in said[0] and "that speed='safe' allows" in said[0]
     assert re.search(r"only the run's last 1\d steps are at or under it, fewer than the n=20", said[0]), said[0]
-
-
-def test_a_warmup_cosine_module_spent_above_the_bound_freezes_and_says_so(caplog, no_idle):
-    """The same run at speed="fast", with the spent test (docs/decisions/034-spent-modules.md): the tiny chain
-    learns its seven batches, its modules' paces fall a hundredfold beyond the rate's fall
-    well above the bound, and they freeze there with the reason's figures; the rows carry
-    each pace's share of its fastest."""
-    eg = _cosine_run(caplog, "fast")
-    spent = [e for e in eg.events if e.action == "freeze" and "spent: pace" in e.reason]
-    assert spent and spent[0] == next(e for e in eg.events if e.action == "freeze")
-    for e in spent:
-        row = next(r for r in eg.history if r["step"] == e.evaluated_at and r["module"] == e.modules[0])
-        assert row["lr_share"] > SPEEDS["fast"] and row["pace_share"] <= 0.01 * row["lr_share"] * (1 + 1e-9)
-
-
-class MeasuredLater(CostBudget):
-    """30 ms a reading, 100 ms a step, measured once ten steps have passed (the schedule,
-    read from the scheduler as it steps, is known by then, as it is in a run by the time
-    three readings are measured)."""
-
-    def step_done(self, evaluated: bool) -> None:
-        super().step_done(evaluated)
-        self.steps = getattr(self, "steps", 0) + 1
-
-    @property
-    def measured(self) -> bool:
-        return getattr(self, "steps", 0) >= 10
-
-    def figures(self):
-        return 0.030, 0.100
-
-
-def test_the_budget_never_lengthens_n_past_the_room_the_last_stretch_leaves(monkeypatch, caplog):
-    """The budget asks n=30 (30 ms a reading, 100 ms a step, 1%); a step schedule's last
-    regime (after its second drop, at 1/100 of the peak) of 25 steps holds W + 2 = 5
-    readings only at n <= 5, so n is 5, and the log says why; at speed="fast" the regime
-    after the first drop (75 steps, at 1/10) may freeze too, and holds them at n <= 15."""
-    monkeypatch.setattr(egeria.knowledge.policy, "MIN_EVAL_INTERVAL", 2)
-    config = quick_config(rule="egeria", eval_interval=None, cost_budget=0.01, horizon=0.0005, speed="safe")
-    model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    sched = lrs.MultiStepLR(opt, milestones=[100, 175], gamma=0.1)
-    policy = egeria.KnowledgeGuided(config)
-    policy.budget = MeasuredLater(config.cost_budget)
-    eg = egeria.Egeria(model, opt, config=config, total_steps=200, lr_scheduler=sched, policy=policy)
-    with caplog.at_level(logging.INFO, logger="egeria"):
-        train(model, opt, eg, batches(12), scheduler=sched)
-    assert eg.eval_interval == 5
-    said = [r.getMessage() for r in caplog.records if "n is now" in r.getMessage()]
-    assert len(said) == 1 and "n is now 5, not 30" in said[0] and "W + 2 = 5 in a regime of the schedule" in said[0]
-    eg.close()
-    # at speed="fast"
-    config = config.replace(speed="fast")
-    policy = egeria.KnowledgeGuided(config)
-    policy.budget = MeasuredLater(config.cost_budget)
-    model = Chain()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    sched = lrs.MultiStepLR(opt, milestones=[100, 175], gamma=0.1)
-    eg = egeria.Egeria(model, opt, config=config, total_steps=200, lr_scheduler=sched, policy=policy)
-    train(model, opt, eg, batches(12), scheduler=sched)
-    assert eg.eval_interval == 15
-    eg.close()
 
 
 @pytest.mark.parametrize("speed, bound", [("safe", 0.01), ("balanced", 0.03), ("fast", 0.1), (0.05, 0.05), (1, 1.0)])

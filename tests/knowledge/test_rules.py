@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from egeria.config import SPEEDS
 from egeria.checkpoint.statecheck import check
 from egeria.knowledge.plasticity import ModuleWatch
 from egeria.knowledge.policy import rule_settings
-from egeria.knowledge.rule import IDLE_SHARE, SPENT_SHARE, FrontRule, Outlook, RuleSettings, at_most
+from egeria.knowledge.rule import IDLE_SHARE, FrontRule, Outlook, RuleSettings, at_most
 from egeria.knowledge.service import ControllerSpec
 from egeria.knowledge.weights import float_snapshot
 from fakes import Recorder
@@ -34,7 +33,7 @@ def _controller(span: int, window: int = 3, precision: str = "fp32",
     spec = ControllerSpec(
         partition, float_snapshot(model), precision,
         RuleSettings(window=window, tolerance_ratio=0.2, floor_ratio=floor_ratio, horizon=horizon),
-        refresh_every=1, threads=1, cpu_threshold=None, span=span,
+        threads=1, cpu_threshold=None, span=span,
     )
     return model, partition, InlineExecutor(spec)
 
@@ -212,27 +211,38 @@ def test_under_egerias_rule_a_learning_rate_drop_restarts_each_watched_modules_a
         assert all(r["counted"] and r["smoothed"] != r["plasticity"] for r in after + then)
 
 
-@pytest.mark.parametrize("regimes", [True, False])
-def test_a_reading_spanning_a_learning_rate_change_refreshes_the_reference_whatever_refresh_every_says(monkeypatch, regimes):
+def test_readings_sparser_than_the_lag_compare_with_a_reference_refreshed_lag_steps_before_them(monkeypatch):
+    """With readings every n > D steps, a refresh-only evaluation D steps before each reading
+    refreshes the reference (answered without a reading) and the reading, which does not
+    refresh, compares with it: each reading covers D steps whatever n is; its learning-rate
+    mass is that of those D steps, and a jump of the schedule between the refresh and the
+    reading makes the reading straddle it, one before the refresh does not."""
     torch.manual_seed(0)
     model = Chain(depth=4).eval()
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
-    refresh_every = 1000  # only the build, and the reading spanning the change
-    spec = ControllerSpec(partition, float_snapshot(model), "fp32", RuleSettings(window=3, tolerance_ratio=0.2, regimes=regimes),
-                          refresh_every=refresh_every, threads=1, cpu_threshold=None, span=2)
-    executor = InlineExecutor(spec)
+    settings = RuleSettings(window=3, tolerance_ratio=0.2, regimes=True, lag=5)
+    executor = InlineExecutor(ControllerSpec(partition, float_snapshot(model), "fp32", settings, threads=1,
+                                             cpu_threshold=None, span=2))
     refreshed = []
     original = ReferenceModel.refresh
-    monkeypatch.setattr(ReferenceModel, "refresh", lambda self, *a, **kw: (refreshed.append(seq), original(self, *a, **kw)))
+    monkeypatch.setattr(ReferenceModel, "refresh", lambda self, *a, **kw: (refreshed.append(step), original(self, *a, **kw)))
     x = torch.randn(16, 8)
-    for seq in range(1, 7):  # no freeze yet (its refresh would count)
-        lr = 0.1 if seq <= 4 else 0.01  # the reading of seq 5 is the first at the new rate
-        executor.offer(Request(seq, 0, seq, 0, ((x,), {}), lr=lr))
-        executor.readout(Readout(seq, None, dict(model.state_dict())))
-        [result] = executor.poll()
-        if seq == 5:
-            assert [row["counted"] for row in result.readings] == [not regimes] * 2
-    assert refreshed == ([1, 5] if regimes else [1])
+    results = {}
+    seq = 0
+    for read_step, regime in ((20, -1), (40, 28), (60, 57)):  # n = 20, D = 5; jumps at 28 and at 57
+        for step, read in ((read_step - 5, False), (read_step, True)):
+            seq += 1
+            executor.offer(Request(seq, 0, step, 0, ((x,), {}), lr=0.1, mass_ahead=1000.0 - step, lr_peak=0.1,
+                                   regime=regime if step >= max(regime, 0) else -1, read=read, refresh=not read, lag=5))
+            executor.readout(Readout(seq, None, dict(model.state_dict())))
+            [results[step]] = executor.poll()
+    assert refreshed == [15, 35, 55]  # the refreshes only: no reading refreshed
+    assert [results[s].note for s in (15, 35, 55)] == ["building", "refreshed", "refreshed"]
+    assert results[20].note == "" and all(not results[s].readings for s in (15, 35, 55))
+    rows = {s: results[s].readings[0] for s in (20, 40, 60)}
+    assert [rows[s]["mass"] for s in (20, 40, 60)] == [5.0, 5.0, 5.0]  # the mass of D steps, not of n
+    assert rows[40]["counted"]  # the jump at 28 came before the refresh at 35: the reading is of the new regime
+    assert not rows[60]["counted"]  # the jump at 57 lies within the reading's own drift (55, 60]
 
 
 def test_the_front_rule_counts_settled_modules_from_the_front_and_keeps_the_largest_outlook_across_restarts():
@@ -311,9 +321,6 @@ def test_a_schedule_that_never_comes_down_to_the_bound_says_so_once_and_freezes_
     ended = [r.getMessage() for r in caplog.records if "nothing frozen" in r.getMessage()]
     assert len(ended) == 1 and f"of its peak, above the {SPEEDS[speed]:g} that speed='{speed}' allows" in ended[0]
     assert "the schedule never comes down that low" in ended[0]
-    # the spent test is named where it is in play (speed="fast"), and only there
-    spent = re.search(r"nor spent: pace [0-9.e-]+ of its fastest, against 0.01 of the learning rate's share", ended[0])
-    assert bool(spent) == (speed == "fast"), ended[0]
     # the same run under the paper's rule is not told
     caplog.clear()
     model = Chain()
@@ -511,7 +518,7 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     policy = egeria.KnowledgeGuided(config)
     assert policy.rule_settings == RuleSettings(
         window=4, tolerance_ratio=TOLERANCE_RATIO, horizon=0.01, regimes=True, floor_ratio=6.0, low_lr=SPEEDS["safe"],
-        idle_share=IDLE_SHARE, spent_share=None,  # the spent test is part of speed="fast" only
+        idle_share=IDLE_SHARE,
     )
     paper = egeria.KnowledgeGuided(egeria.EgeriaConfig(rule="paper")).rule_settings
     assert (paper.window, paper.horizon, paper.regimes, paper.floor_ratio, paper.low_lr, paper.idle_share) == (
@@ -520,7 +527,7 @@ def test_the_rules_settings_are_built_once_from_the_config_and_reach_the_rule_wh
     model, partition, executor = _controller(span=1)
     executor.close()
     settings = RuleSettings(window=5, tolerance_ratio=0.3, horizon=0.2, regimes=True, floor_ratio=4.0)
-    spec = ControllerSpec(partition, float_snapshot(model), "fp32", settings, refresh_every=1, threads=1, cpu_threshold=None)
+    spec = ControllerSpec(partition, float_snapshot(model), "fp32", settings, threads=1, cpu_threshold=None)
     controller = spec.build()
     assert controller.rule.settings is settings and controller.window == 5
     assert (controller.rule.tolerance_ratio, controller.rule.horizon, controller.rule.regimes) == (0.3, 0.2, True)
@@ -612,7 +619,7 @@ def test_idle_modules_freeze_with_a_reason_naming_the_most_active_one():
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     spec = ControllerSpec(partition, float_snapshot(model), "fp32",
                           RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.0005, idle_share=IDLE_SHARE),
-                          refresh_every=1, threads=1, cpu_threshold=None, span=3)
+                          threads=1, cpu_threshold=None, span=3)
     executor = InlineExecutor(spec)
     x = torch.randn(16, 8)
     named = dict(model.named_parameters())
@@ -625,86 +632,12 @@ def test_idle_modules_freeze_with_a_reason_naming_the_most_active_one():
             for p in block:
                 p.add_(0.1 * torch.randn_like(p))
         results.append(_evaluate(executor, model, seq, x))
-    rows = [row for r in results for row in r.readings]
+    rows = [row for r in results[:3] for row in r.readings]  # up to the decision; then the modules behind it
     assert all(row["active_share"] < IDLE_SHARE for row in rows if row["module"] != partition.names[2])
     assert all(row["active_share"] == 1.0 for row in rows if row["module"] == partition.names[2])
     decision = next(r.decision for r in results if r.decision is not None)
     assert decision.step == 3  # the 1st evaluation builds the reference, the 2nd and 3rd read idle: W = 2
     assert decision.modules == tuple(partition.names[:2])  # the stem, and the BatchNorm that only passes it on
     assert f"at most {IDLE_SHARE:g} of the most active watched module's ({partition.names[2]})" in decision.reason
-
-
-def _spent_settings(**kw) -> RuleSettings:
-    return RuleSettings(**{"window": 2, "tolerance_ratio": 0.2, "horizon": 0.0005, "low_lr": SPEEDS["safe"],
-                           "spent_share": SPENT_SHARE, **kw})
-
-
-def _read_pace(rule: FrontRule, paces, lr: float, peak: float = 0.1, ahead: float = 0.5) -> None:
-    """Readings over intervals of mass 1 (a reading's pace is its plasticity) at ``lr``."""
-    for pace in paces:
-        rule.read(0, pace, lr, mass=1.0, ahead=ahead, peak=peak, regime=-1)
-
-
-def test_a_settled_module_whose_pace_fell_a_hundredfold_beyond_the_rate_freezes_above_the_bound():
-    """The spent test (docs/decisions/034-spent-modules.md): a settled module whose median pace
-    is at most SPENT_SHARE of its fastest times the learning rate's share of its peak freezes
-    though the rate is far above the bound and its outlook above the horizon; a hair above
-    that share does not, and under the paper's rule nothing is spent."""
-    rule = FrontRule(_spent_settings())
-    _read_pace(rule, [1.0, 1.0, 1.0], lr=0.1)  # the fastest: 1.0 at the peak
-    _read_pace(rule, [0.01 * 0.8 * 0.99] * 4, lr=0.08)  # at 0.8 of the peak, 0.0079 of the fastest
-    assert rule.outlook(0).fastest == 1.0 and rule.outlook(0).pace_share == pytest.approx(0.00792)
-    assert rule.watches[0].stale >= 2 and rule.outlook(0).share > 0.0005 and not rule.lr_low()
-    assert rule.spent(0) and rule.settled(0)
-    edge = FrontRule(_spent_settings())
-    _read_pace(edge, [1.0, 1.0, 1.0], lr=0.1)
-    _read_pace(edge, [0.01 * 0.8 * 1.01] * 4, lr=0.08)  # a hair above: waits for the bound
-    assert edge.watches[0].stale >= 2 and not edge.spent(0) and not edge.settled(0)
-    paper = FrontRule(RuleSettings(window=2, tolerance_ratio=0.2, horizon=0.0005, low_lr=SPEEDS["safe"]))
-    _read_pace(paper, [1.0, 1.0, 1.0], lr=0.1)
-    _read_pace(paper, [1e-6] * 4, lr=0.08)
-    assert not paper.spent(0) and not paper.settled(0)
-    assert rule_settings(egeria.EgeriaConfig(rule="paper")).spent_share is None
-    assert rule_settings(egeria.EgeriaConfig(speed="fast")).spent_share == SPENT_SHARE
-    assert rule_settings(egeria.EgeriaConfig(speed=0.2)).spent_share == SPENT_SHARE  # a bound at least fast's
-    for speed in ("safe", "balanced", 0.05):  # off where freezing must be free (record 034)
-        assert rule_settings(egeria.EgeriaConfig(speed=speed)).spent_share is None
-
-
-def test_a_pace_that_falls_with_the_rate_is_not_spent_nor_one_still_moving():
-    """A pace a hundredfold under its fastest after a hundredfold fall of the rate has fallen
-    no more than the rate explains: not spent (it waits for the bound, which it is at); a module
-    whose pace fell a hundredfold but whose readings still slope is not settled; without a
-    known rate nothing is spent."""
-    rule = FrontRule(_spent_settings(horizon=1e-9))
-    _read_pace(rule, [1.0, 1.0, 1.0], lr=0.1)
-    _read_pace(rule, [0.011] * 4, lr=0.001)  # the rate at 1/100, the pace at 0.011 of the fastest
-    assert rule.lr_share == pytest.approx(0.01) and not rule.spent(0)
-    sloped = FrontRule(_spent_settings())
-    _read_pace(sloped, [1.0, 0.5, 1.0], lr=0.1)
-    for plasticity in (5.0, 10.0, 20.0, 40.0):  # over far more mass: paces of 0.005 at most, readings rising
-        sloped.read(0, plasticity, 0.1, mass=8000.0, ahead=0.5, peak=0.1, regime=-1)
-    assert sloped.spent(0) and sloped.watches[0].stale < 2 and not sloped.settled(0)
-    unknown = FrontRule(_spent_settings())
-    for pace in (1.0, 1.0, 1e-6, 1e-6, 1e-6):
-        unknown.read(0, pace, None, mass=1.0, ahead=0.5)
-    assert unknown.lr_share is None and not unknown.spent(0)
-
-
-def test_the_fastest_pace_goes_through_a_checkpoint_and_restarts_and_an_older_state_loads_it_from_its_paces():
-    rule = FrontRule(_spent_settings())
-    _read_pace(rule, [1.0, 2.0, 3.0, 0.5], lr=0.1)
-    assert rule.outlook(0).fastest == 2.5  # the largest median of the last W = 2 paces
-    rule.restart(window=2)
-    assert rule.outlook(0).paces == [] and rule.outlook(0).fastest == 2.5
-    copy = FrontRule(_spent_settings())
-    copy.load_state_dict(json.loads(json.dumps(rule.state_dict())))
-    assert copy.outlook(0).fastest == 2.5
-    older = FrontRule(_spent_settings())
-    _read_pace(older, [1.0, 3.0], lr=0.1)
-    state = json.loads(json.dumps(older.state_dict()))
-    del state["outlooks"]["0"]["fastest"]
-    check(state["outlooks"]["0"], Outlook.state_spec())
-    loaded = FrontRule(_spent_settings())
-    loaded.load_state_dict(state)
-    assert loaded.outlook(0).fastest == 3.0  # the largest pace it kept
+    # the training side has not applied it yet: the next readings are of the modules behind the freeze
+    assert [r.module for r in results[3:]] == [2, 2] and results[3].readings[0]["module"] == partition.names[2]

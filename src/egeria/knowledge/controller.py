@@ -29,8 +29,10 @@ The next reading is compared with it (:class:`~egeria.knowledge.rule.FrontRule`)
 reference forward pass per refresh.
 
 The controller keeps its own view of the frozen set: after deciding to freeze modules up to
-k it watches k + 1 and treats requests still about earlier ones as stale, until a restart
-(an unfreeze, or a decision the worker applied too late to use) says otherwise.
+k it watches k + 1, also on requests the worker sent before it applied that decision (which
+it does D steps after the reading), until a restart (an unfreeze, or a controller replaced)
+says otherwise. A request may also only refresh the reference (D steps before a reading, when
+readings are further apart than D) or only read (then the refresh before the next one does).
 """
 
 from __future__ import annotations
@@ -69,7 +71,6 @@ class Controller:
         precision: reference precision.
         rule: the freezing rule's settings (:class:`~egeria.knowledge.rule.RuleSettings`;
             its window is W now).
-        refresh_every: refresh the reference every this many readings.
         threads: torch threads for the controller's work (None: leave torch's setting).
         span: how many modules are watched at once (1: the paper's rule).
     """
@@ -81,14 +82,12 @@ class Controller:
         *,
         precision: str,
         rule: RuleSettings,
-        refresh_every: int = 1,
         threads: int | None = 1,
         span: int = 1,
     ) -> None:
         self.partition = partition
         self.current = template.eval()
         self.precision = precision
-        self.refresh_every = refresh_every
         self.threads = threads
         self.span = span
         self.rule = FrontRule(rule)
@@ -108,23 +107,25 @@ class Controller:
     # -- one evaluation ------------------------------------------------------------
 
     def is_current(self, request: Request) -> bool:
-        """Whether the request is about this generation's front module."""
+        """Whether the request is about this generation's watch: its front module, or one
+        before it that the controller decided to freeze and the training side has not yet
+        frozen (decisions apply a fixed number of steps after their reading; the watched
+        modules' activations are computed here)."""
         return (
             request.generation == self.generation
-            and request.module == self.frozen
-            and request.module < self.partition.freezable
+            and request.module <= self.frozen < self.partition.freezable
         )
 
     @torch.no_grad()
     def reference_activation(self, request: Request) -> list[torch.Tensor] | None:
         """The reference's activations at the watched modules for the reading's batch
-        (None: stale, or no reference yet)."""
+        (None: stale, no reading asked, or no reference yet)."""
         if not self.is_current(request):
             return None
         batch = request.batch
         if request.final_weights is not None and self.reference is not None:
             self.reference.refinalize(as_mapping(request.final_weights), request.final_modules, batch)
-        if self.reference is None:
+        if self.reference is None or not request.read:
             return None
         return self.reference.activations(batch, self.watched)
 
@@ -138,29 +139,33 @@ class Controller:
 
     def _finish(self, request: Request, reference: list[torch.Tensor] | None, readout: Readout) -> Result:
         def answer(**kw) -> Result:
-            return Result(request.seq, request.generation, request.step, request.module, **kw)
+            return Result(request.seq, request.generation, request.step, self.frozen, **kw)
 
         if readout.weights is None:
             return answer(note="cancelled")
-        if not self.is_current(request):
-            return answer(note="stale")
+        if not self.is_current(request) or (readout.activation is not None and request.module != self.frozen):
+            return answer(note="stale")  # a hooked activation is of the modules it was captured for
+        if request.lag is not None and request.lag != self.rule.lag:
+            self.rule.relag(request.lag)
         weights = as_mapping(readout.weights)
         watched = self.watched
         if self.reference is None or reference is None:
+            note = "refreshed" if self.reference is not None else "building"
             if self.reference is None:
                 self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
-            self._refresh(weights, request, upto=watched[-1])
-            return answer(note="building")
-        training = readout.activation
-        if training is None:
-            training = self._front(weights, request.batch, watched)
-        training = [t if isinstance(t, Gram) else t.float() for t in training]
+            training = None
+            if self.rule.floor_ratio is not None and self.reference is not None and note == "refreshed":
+                training = dict(zip(watched, self._training(readout, weights, request, watched)))
+            self._refresh(weights, request, upto=watched[-1], training=training)
+            return answer(note=note)
+        training = self._training(readout, weights, request, watched)
         values = [float(sp_loss(t, r)) for t, r in zip(training, reference)]
         if not all(math.isfinite(v) for v in values):
             logger.warning("non-finite plasticity at step %d (modules from %s); reading ignored", request.step, self._name(watched[0]))
             return answer(note="non-finite")
         mass = self._mass_since_refresh(request)
-        rows = [self._read(index, value, request, mass) for index, value in zip(watched, values)]
+        straddles = request.regime is None or self.refreshed_regime is None or request.regime != self.refreshed_regime
+        rows = [self._read(index, value, request, mass, straddles) for index, value in zip(watched, values)]
         shares = self.rule.compare(watched)
         for index, row in zip(watched, rows):
             watch = self.rule.watches.get(index)
@@ -171,34 +176,36 @@ class Controller:
         if count:
             names = tuple(self._name(i) for i in watched[:count])
             decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
+            result = answer(readings=rows, decision=decision)
             self._froze(count, weights, request, by_module)
-            return answer(readings=rows, decision=decision)
-        self.readings_since_refresh += 1
-        # A reading that straddled a learning-rate change: the next one compares with a
-        # reference from the new regime, whatever refresh_every says.
-        straddled = any(not row["counted"] for row in rows)
-        if self.readings_since_refresh >= self.refresh_every or straddled:
+            return result
+        if request.refresh:
             self._refresh(weights, request, upto=watched[-1], training=by_module)
         return answer(readings=rows)
 
+    def _training(self, readout: Readout, weights: Mapping[str, torch.Tensor], request: Request,
+                  watched: list[int]) -> list[torch.Tensor | Gram]:
+        """The watched modules' training activations: the hooked ones the readout carries,
+        else computed here from its weights."""
+        training = readout.activation
+        if training is None:
+            training = self._front(weights, request.batch, watched)
+        return [t if isinstance(t, Gram) else t.float() for t in training]
+
     def _reason(self, index: int) -> str:
         """Why the front module ``index`` freezes, in words."""
+        span = f"a span of {self.rule.span} steps"
         if self.rule.quiet(index):
-            return (
-                f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {self.window} readings"
-            )
+            return f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {span}"
         if self.rule.idle(index):
             active = self.rule.active
             return (
                 f"plasticity at most {self.rule.idle_share:g} of the most active watched module's "
-                f"({self._name(active) if active is not None else 'unknown'}) for {self.window} readings"
+                f"({self._name(active) if active is not None else 'unknown'}) for {span}"
             )
         tolerance = self.rule.tolerance(index) or 0.0
-        why = f"plasticity slope within tolerance {tolerance:.3g} for {self.window} readings"
+        why = f"plasticity slope within tolerance {tolerance:.3g} for {span}"
         outlook = self.rule.outlook(index)
-        if self.rule.spent(index):
-            return (f"{why}; spent: pace {outlook.pace_share:.2g} of its fastest at a learning rate "
-                    f"{self.rule.lr_share:.2g} of its peak, at most {self.rule.spent_share:g} of that share")
         if self.rule.horizon is None or self.rule.horizon >= 1 or outlook is None or outlook.share is None:
             return why  # the condition is off: the slope decided
         why = f"{why}; drift still to come {outlook.share:.2g} of its largest"
@@ -213,11 +220,11 @@ class Controller:
             return None
         return max(self.refreshed_ahead - request.mass_ahead, 0.0)
 
-    def _read(self, index: int, plasticity: float, request: Request, mass: float | None) -> dict:
+    def _read(self, index: int, plasticity: float, request: Request, mass: float | None, straddles: bool) -> dict:
         """One module's reading through its rule; the history row."""
         lr = request.lr
         reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead,
-                                 peak=request.lr_peak, regime=request.regime)
+                                 peak=request.lr_peak, regime=request.regime, step=request.step, straddles=straddles)
         if not reading.counted:
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", request.step, lr,
                          self._name(index))
@@ -229,14 +236,14 @@ class Controller:
             "smoothed": reading.smoothed,
             "slope": reading.slope,
             "tolerance": reading.tolerance,
-            "stale": reading.stale,
+            "stale": reading.stale,  # consecutive stale readings
+            "stale_steps": self.rule.watches[index].covered(self.rule.watches[index].stale_from),  # steps they cover
             "counted": reading.counted,  # False: it straddled a learning-rate change
             "lr": lr,  # the learning rate the evaluated step trained at (None: not known)
             "mass": mass,  # the learning-rate mass (sum of learning rates) the reading's interval held
             "mass_ahead": request.mass_ahead,  # the learning-rate mass still to come after the step
             "lr_share": self.rule.lr_share,  # the learning rate as a share of the run's peak so far
-            "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median of the last W
-            "pace_share": None if outlook is None else outlook.pace_share,  # the pace / the fastest it has had
+            "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median over the span
             "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
             "floor": reading.floor,  # the smoothed floor (None: not measured)
             "quiet": reading.quiet,
@@ -271,6 +278,7 @@ class Controller:
         self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
         self.refreshed_ahead = request.mass_ahead
+        self.refreshed_regime = request.regime
         if training is None or self.rule.floor_ratio is None:
             return
         indices = [i for i in self.watched if i in training]
@@ -287,8 +295,8 @@ class Controller:
         """Forget the reference and the watches; watch from module ``frozen`` with window
         ``window`` (the outlooks' largest values are kept).
 
-        Sent after an unfreeze (``frozen=0``) or when the worker discarded a decision
-        that reached it too late (the frozen set the worker actually has).
+        Sent after an unfreeze (``frozen=0``) or to a controller that replaced a failed one
+        (the frozen set the worker actually has).
         """
         self.generation = generation
         self.frozen = frozen
@@ -297,6 +305,7 @@ class Controller:
         self.floors = {}
         self.readings_since_refresh = 0
         self.refreshed_ahead: float | None = None  # the learning-rate mass ahead at the reference's refresh
+        self.refreshed_regime: int | None = None  # the schedule's latest jump at the reference's refresh
 
     def state_dict(self, live: Mapping[str, torch.Tensor]) -> dict:
         """JSON-safe state; ``live`` is the training model's state now."""
@@ -306,6 +315,7 @@ class Controller:
             **self.rule.state_dict(),  # window, watches, outlooks
             "readings_since_refresh": self.readings_since_refresh,
             "refreshed_ahead": self.refreshed_ahead,
+            "refreshed_regime": self.refreshed_regime,
             "floors": {str(i): v for i, v in self.floors.items()},
             "reference": None if self.reference is None else self.reference.state_dict(live),
         }
@@ -323,10 +333,11 @@ class Controller:
                 **FrontRule.state_fields(modules),
                 "readings_since_refresh": integer(0),
                 "refreshed_ahead": optional(number(0)),
+                "refreshed_regime": optional(integer(-1)),
                 "floors": mapping(number(0), keys=index_keys(0, modules - 1)),
                 "reference": optional(ReferenceModel.state_spec(partition, weights)),
             },
-            optional=("floors", *FrontRule.OPTIONAL_FIELDS),
+            optional=("floors", "refreshed_regime", *FrontRule.OPTIONAL_FIELDS),
         )
 
     def load_state_dict(self, state: dict, weights: Mapping[str, torch.Tensor]) -> None:
@@ -335,6 +346,7 @@ class Controller:
         self.rule.load_state_dict(state)
         self.readings_since_refresh = int(state["readings_since_refresh"])
         self.refreshed_ahead = state["refreshed_ahead"]
+        self.refreshed_regime = state.get("refreshed_regime")  # absent before the rule's steps
         self.floors = {int(i): float(v) for i, v in state.get("floors", {}).items()}  # absent before floors
         self.reference = None
         saved = state["reference"]

@@ -5,14 +5,15 @@ All three put the same messages on the same four queues, served by the same loop
 (:class:`~egeria.knowledge.service.Service`) around the same :class:`~egeria.knowledge.controller.Controller`,
 so the same sequence of evaluations gives the same readings and decisions by construction. They differ in when an answer comes back:
 
-* ``inline``: each message is handled as it is sent, in the caller's thread, so a freeze
-  applies at the end of its evaluation step.
-* ``thread`` / ``process``: the worker never waits. It sends the request and the readout
-  and carries on; :meth:`poll` at later step boundaries picks up whatever answers are in.
-  At most ``max_in_flight`` (``egeria.config.MAX_IN_FLIGHT``, 2) evaluations are unanswered
-  at a time; a further one is dropped (counted) rather than queued. The engine applies a
-  freeze decision at most ``MAX_LAG_INTERVALS`` (2) evaluation intervals after its
-  evaluation, or discards it.
+* ``inline``: each message is handled as it is sent, in the caller's thread, so an answer
+  is in at the end of its evaluation step.
+* ``thread`` / ``process``: the worker sends the request and the readout and carries on;
+  :meth:`poll` at later step boundaries picks up whatever answers are in, and :meth:`wait`
+  blocks for one that is due (:class:`~egeria.knowledge.link.ControllerLink` applies a
+  decision a fixed number of steps after its reading, whichever executor answered). At most
+  ``max_in_flight`` (``egeria.config.MAX_IN_FLIGHT``, 2) evaluations are unanswered at a
+  time; a further one would be dropped (counted) rather than queued, which the fixed
+  application step keeps from happening (a reading and a refresh at most are in flight).
 
 Faults never stop training: a controller that raises, exits or stops beating its heart
 for ``egeria.config.CONTROLLER_TIMEOUT`` seconds is reported once (:attr:`failure`) and gives no more
@@ -48,6 +49,8 @@ __all__ = ["Executor", "InlineExecutor", "ThreadExecutor", "ProcessExecutor", "C
 logger = logging.getLogger(__name__)
 
 _REPLY_TIMEOUT_S = 60.0
+# How often a wait for a due answer checks the controller's health.
+_WAIT_POLL_S = 0.05
 # How long a checkpoint waits for the controller's state; past it the checkpoint is saved
 # without it (a resumed run watches afresh) and the controller goes on.
 _STATE_REPLY_S = 10.0
@@ -97,11 +100,20 @@ class Executor:
         """The answers that arrived since the last poll, without waiting."""
         results = self._receive()
         for result in results:
-            self.in_flight -= 1
-            self.answered += 1
-            self.controller_seconds += result.seconds
-            self.waited_s += result.waited_s
+            self._count(result)
         return results
+
+    def wait(self, seqs: set[int]) -> list[Result]:
+        """Blocks until the answers to the requests ``seqs`` are in; returns every answer
+        received meanwhile. Past the controller's timeout without them the controller counts
+        as failed (:attr:`failure`), as a silent one does."""
+        raise NotImplementedError
+
+    def _count(self, result: Result) -> None:
+        self.in_flight -= 1
+        self.answered += 1
+        self.controller_seconds += result.seconds
+        self.waited_s += result.waited_s
 
     def stats(self) -> dict:
         return {
@@ -179,6 +191,28 @@ class _QueueExecutor(Executor):
             if not self._take(message, results):
                 break
         self._check_health()
+        return results
+
+    def wait(self, seqs: set[int]) -> list[Result]:
+        results: list[Result] = []
+        missing = set(seqs)
+        deadline = time.monotonic() + self.timeout
+        while missing and self.failure is None:
+            if time.monotonic() >= deadline:
+                self._fail(f"no answer to the reading(s) {sorted(missing)} within {self.timeout:.0f} s")
+                break
+            try:
+                message = self.channels.results.get(timeout=_WAIT_POLL_S)
+            except queue.Empty:
+                self._check_health()
+                continue
+            got: list[Result] = []
+            if not self._take(message, got):
+                break
+            for result in got:
+                self._count(result)
+                missing.discard(result.seq)
+            results += got
         return results
 
     def _take(self, message: Any, results: list[Result]) -> bool:

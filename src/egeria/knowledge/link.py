@@ -2,15 +2,18 @@
 
 It owns everything about one evaluation on the training side: which step's forward pass
 to capture, the captured batch (and activation, in ``"train"`` mode), the request and
-the readout sent through the executor. It collects the answers at step boundaries,
-discards decisions that arrive too late, keeps the plasticity history and counts drops
-and lags. A controller that fails costs one warning and no more evaluations; a process
+the readout sent through the executor. It collects the answers at step boundaries and
+applies a decision exactly ``lag`` steps after the reading it came from, whichever executor
+answered: the training thread waits there for an answer not yet in (at most the
+controller's timeout), so inline, thread and process freeze at the same steps. It keeps the
+plasticity history and counts drops and lags. A controller that fails costs one warning and no more evaluations; a process
 that cannot start or cannot receive a batch is replaced by a thread.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -45,6 +48,9 @@ class _Evaluation:
     mass_ahead: float | None = None  # the learning-rate mass still to come after its step
     lr_peak: float | None = None  # the schedule's highest learning rate
     regime: int | None = None  # the schedule's latest jump at or before its step (-1: none)
+    read: bool = True  # it takes a reading
+    refresh: bool = True  # it refreshes the reference afterwards
+    lag: int | None = None  # D, the steps a reading's drift covers
 
 
 # Evaluations tried before the link judges whether most of them were lost.
@@ -94,13 +100,16 @@ class ControllerLink:
         self.evaluation: _Evaluation | None = None
         self.history: list[dict] = []
         self.lags: list[int] = []
-        self.discarded = 0
+        self._armed = (True, True, None)  # (read, refresh, lag) of the armed step
+        self._awaited: dict[int, int] = {}  # reading requests sent and not answered: seq -> step
+        self._held: list[Result] = []  # decisions received, applied at their reading's step + lag
+        self.waits = 0  # step boundaries where training waited for a due answer
+        self.waited_s = 0.0  # and how long, in all
         self.fallbacks: list[str] = []
         self._newly_frozen: list[int] = []
         self._pending: list[Result] = []
         self._fallback_due: str | None = None  # a replacement decided in a forward hook
         self._warned = False
-        self._starved_warned = False
         self.unread: dict[str, int] = {}  # answers without a reading, by the controller's note
         self.read = 0  # answers with readings
         self._unread_warned = False
@@ -112,9 +121,12 @@ class ControllerLink:
 
     # -- one evaluation, on the training side ------------------------------------------
 
-    def arm(self, step: int | None) -> None:
-        """Capture the forward pass of ``step`` (None: none)."""
+    def arm(self, step: int | None, *, read: bool = True, refresh: bool = True, lag: int | None = None) -> None:
+        """Capture the forward pass of ``step`` (None: none), to take a reading (``read``),
+        refresh the reference after it (``refresh``), or both; ``lag`` is the steps a
+        reading's drift covers."""
         self.armed_for = step if self.usable else None
+        self._armed = (read, refresh, lag)
 
     def begin(
         self,
@@ -137,9 +149,11 @@ class ControllerLink:
         only when the step is armed: this runs at every forward pass."""
         if self.armed_for != step or self.evaluation is not None:
             return
+        read, refresh, lag = self._armed
         evaluation = _Evaluation(
             step, module, batch(), lr=None if lr is None else lr(), mass_ahead=None if mass_ahead is None else mass_ahead(),
             lr_peak=None if lr_peak is None else lr_peak(), regime=None if regime is None else regime(),
+            read=read, refresh=refresh, lag=lag,
         )
         if send and evaluation.batch.ready() and not self._offer(evaluation, state, in_hook=True):
             return  # dropped: the controller is behind (or must be replaced at the step's end)
@@ -204,6 +218,9 @@ class ControllerLink:
             evaluation.mass_ahead,
             evaluation.lr_peak,
             evaluation.regime,
+            evaluation.read,
+            evaluation.refresh,
+            evaluation.lag,
         )
         try:
             sent = self.executor.offer(request)
@@ -218,6 +235,8 @@ class ControllerLink:
             self.seq = request.seq
             evaluation.sent = True
             self._newly_frozen = []
+            if evaluation.read:
+                self._awaited[request.seq] = evaluation.step
         return sent
 
     def _front_weights(self, state: Mapping[str, torch.Tensor], front: int) -> Any:
@@ -238,45 +257,53 @@ class ControllerLink:
 
     # -- answers -------------------------------------------------------------------
 
-    def decisions(self, step: int, frozen: int, max_lag: int, window: int) -> list[Result]:
+    def decisions(self, step: int, frozen: int, lag: int) -> list[Result]:
         """This generation's answers that arrived since the last call, their readings added
-        to :attr:`history`; returns the freeze decisions about module ``frozen`` (and the
-        ones after it) that are at most ``max_lag`` steps old, which the worker applies:
-        the next request carries the final weights of the modules they freeze. A later one
-        is discarded and the controller watches afresh with window ``window``."""
+        to :attr:`history`; returns the freeze decisions due now: those about module
+        ``frozen`` (and the ones after it) whose reading was taken ``lag`` steps ago (or
+        earlier, after a resume), which the worker applies; the next request carries the
+        final weights of the modules they freeze. A reading due now whose answer is not in
+        yet is waited for (at most the controller's timeout, past which it counts as
+        failed): the step a decision applies at depends on the run, not on the executor nor
+        on how busy the machine is."""
         if self._fallback_due is not None:
             reason, self._fallback_due = self._fallback_due, None
             self._fall_back(reason)
+        due = {seq for seq, asked in self._awaited.items() if asked + lag <= step}
         try:
             arrived = self._pending + self.executor.poll()
+            missing = due - {r.seq for r in arrived}
+            if missing:
+                started = time.perf_counter()
+                arrived += self.executor.wait(missing)
+                self.waits += 1
+                self.waited_s += time.perf_counter() - started
         except ControllerStartError as err:
             arrived = self._pending
             self._fall_back(str(err))
         self._pending = []
         self._warn_failure()
-        accepted: list[Result] = []
-        taken = 0  # modules the accepted decisions freeze
         for result in arrived:
+            self._awaited.pop(result.seq, None)
             self.lags.append(step - result.step)
             if result.generation != self.generation:
                 continue
             self.history.extend(result.readings)
             self._count_reading(result)
-            if result.decision is None or result.module != frozen + taken:
-                continue
-            if step - result.step > max_lag:
-                logger.info(
-                    "step %d: freeze of %s decided at step %d arrived after %d steps (bound %d); discarded, "
-                    "the controller watches it afresh",
-                    step, ", ".join(result.decision.modules), result.step, step - result.step, max_lag,
-                )
-                self.discarded += 1
-                self.restart(frozen + taken, window)  # the rest of this generation's answers are stale now
-                continue
-            accepted.append(result)
-            taken += len(result.decision.modules)
+            if result.decision is not None:
+                self._held.append(result)
+        accepted: list[Result] = []
+        taken = 0  # modules the accepted decisions freeze
+        held = []
+        for result in self._held:
+            assert result.decision is not None
+            if result.step + lag > step:
+                held.append(result)
+            elif result.module == frozen + taken:
+                accepted.append(result)
+                taken += len(result.decision.modules)
+        self._held = held
         self._newly_frozen.extend(range(frozen, frozen + taken))  # applied by the worker now
-        self._warn_starved()
         return accepted
 
     def _count_reading(self, result: Result) -> None:
@@ -303,30 +330,12 @@ class ControllerLink:
             sum(self.unread.values()), notes, hint,
         )
 
-    def _warn_starved(self) -> None:
-        """One WARNING once most evaluations tried were dropped (the controller still busy
-        with earlier ones) or ended in a decision discarded as too late, while the
-        controller does answer: it cannot keep pace with training, so little will freeze."""
-        if self._starved_warned or self.executor.failure is not None or self.executor.answered == 0:
-            return  # a failed or silent controller is reported as such (its timeout), not here
-        tried = self.executor.sent + self.executor.dropped
-        lost = self.executor.dropped + self.discarded
-        if tried < _STARVED_AFTER or 2 * lost <= tried:
-            return
-        self._starved_warned = True
-        logger.warning(
-            "Egeria's controller cannot keep pace with training: of %d evaluations, %d were dropped (the controller "
-            "was still busy) and %d decisions came too late and were discarded, so modules freeze late or never. "
-            "Make a reading cheaper or rarer: EgeriaConfig(probe_size=..., reference_precision='bf16', "
-            "eval_interval=...), or give the controller cores (controller_cpus=...)",
-            tried, self.executor.dropped, self.discarded,
-        )
-
     def restart(self, frozen: int, window: int) -> None:
         """A new generation: the controller forgets its watch and watches module ``frozen``
-        with window ``window`` (after an unfreeze, or a discarded decision)."""
+        with window ``window`` (after an unfreeze)."""
         self.generation += 1
         self._newly_frozen = []
+        self._held = []
         self._drop_evaluation()
         self.executor.restart(self.generation, frozen, window)
 
@@ -349,6 +358,7 @@ class ControllerLink:
         self.executor = ThreadExecutor(self._spec_factory(), **self._options)
         self._finalizer = weakref.finalize(self, _close_quietly, self.executor)
         self._pending = []
+        self._awaited, self._held = {}, []
         if self.evaluation is not None:
             self.evaluation.sent = False
         self.generation += 1
@@ -372,6 +382,7 @@ class ControllerLink:
             "seq": self.seq,
             "newly_frozen": list(self._newly_frozen),
             "pending": [result_to_json(r) for r in self._pending],
+            "held": [result_to_json(r) for r in self._held],
             "history": list(self.history),
         }
 
@@ -404,8 +415,10 @@ class ControllerLink:
                     "seq": integer(0),
                     "newly_frozen": items(integer(0, len(modules) - 1)),
                     "pending": items(result),
+                    "held": items(result),
                     "history": items(mapping(anything)),
-                }
+                },
+                optional=("held",),  # absent before decisions applied a fixed lag after their reading
             )(value, path)
 
         return spec
@@ -415,6 +428,8 @@ class ControllerLink:
         self.seq = int(saved["seq"])
         self._newly_frozen = list(saved["newly_frozen"])
         self._pending = [result_from_json(r) for r in saved["pending"]]
+        self._held = [result_from_json(r) for r in saved.get("held", [])]
+        self._awaited = {}
         self.history = list(saved["history"])
         self.evaluation = None
         if saved["controller"] is not None:
@@ -426,9 +441,10 @@ class ControllerLink:
             self.executor.restart(self.generation, frozen_now, window)
 
     def stats(self) -> dict:
-        """Counts of the link: sent, dropped, answered, discarded decisions, lags, faults."""
+        """Counts of the link: sent, dropped, answered, lags, faults."""
         out = self.executor.stats()
-        out.update({"discarded_decisions": self.discarded, "lags": list(self.lags), "fallbacks": list(self.fallbacks)})
+        out.update({"lags": list(self.lags), "fallbacks": list(self.fallbacks), "training_waits": self.waits,
+                    "training_waited_s": self.waited_s})
         return out
 
     def close(self) -> None:

@@ -30,8 +30,8 @@ from torch import nn
 from ..checkpoint.saved_state import SavedContext
 from ..checkpoint.statecheck import Spec, boolean, integer, number, optional, record, text
 from ..config import (
-    BOOTSTRAP_CHANGE_RATE, CONTROLLER_TIMEOUT, MAX_IN_FLIGHT, MAX_LAG_INTERVALS, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
-    SPEEDS, UNFREEZE_LR_DROP, EgeriaConfig, lr_bound,
+    BOOTSTRAP_CHANGE_RATE, CONTROLLER_TIMEOUT, MAX_IN_FLIGHT, MIN_EVAL_INTERVAL, MIN_WINDOW, TOLERANCE_RATIO,
+    UNFREEZE_LR_DROP, EgeriaConfig, lr_bound,
 )
 from ..decision import Decision
 from ..hooks import mark
@@ -45,10 +45,11 @@ from .controller import Controller
 from .device import HostCopy, LocalCopy, handoff
 from .executors import Executor, make_executor
 from .link import ControllerLink
-from .plasticity import REGIME_CHANGE
+from .plasticity import REGIME_CHANGE, TOLERANCE_LAGS
 from .placement import controller_threads, reference_home, resolve_executor, resolve_precision
-from .rule import IDLE_SHARE, SPENT_SHARE, RuleSettings, at_most
+from .rule import IDLE_SHARE, RuleSettings, at_most
 from .service import ControllerSpec
+from .spans import Spans
 from .similarity import gram_of
 from .unfreezing import LRDropRule, UnfreezeContext, UnfreezeRule, current_lr, rises_again
 from .weights import ModuleKeys, float_snapshot
@@ -83,8 +84,6 @@ def rule_settings(config: EgeriaConfig) -> RuleSettings:
         floor_ratio=config.floor_ratio or None,
         low_lr=lr_bound(config.speed) if config.rule == "egeria" else None,
         idle_share=IDLE_SHARE if config.rule == "egeria" else None,
-        # the spent test takes pretrained layers early at a measured cost: part of "fast" only (034)
-        spent_share=SPENT_SHARE if config.rule == "egeria" and lr_bound(config.speed) >= SPEEDS["fast"] else None,
     )
 
 
@@ -124,12 +123,14 @@ class KnowledgeGuided:
         self.stage = "bootstrap"
         self.window = self.config.window
         self.eval_interval: int | None = self.config.eval_interval
+        self.spans: Spans | None = None  # the rule's timing, in steps, once the run is known
         self.bootstrap = BootstrapMonitor(BOOTSTRAP_CHANGE_RATE)
         self.lr_at_freeze: float | None = None
         self.freeze_step: int | None = None
         self.link: ControllerLink | None = None
         self.budget = CostBudget(self.config.cost_budget or 1.0, clock)
         self.budget_checked = False  # the cost budget is judged once
+        self.guided_at: int | None = None  # the step bootstrapping ended (the latest time)
         self._binding: Binding | None = None
         self._handles: list = []
         self._warned_no_loss = False
@@ -167,16 +168,19 @@ class KnowledgeGuided:
 
     def target(self, info: StepInfo) -> Move | None:
         assert self.link is not None and self._binding is not None, "bind() first"
-        n = self._interval(info)
+        self._interval(info)
+        assert self.spans is not None
+        lag = self.spans.lag
         move: Move | None = None
         if self.stage == "bootstrap":
             self._record_loss(info.loss)
-            if info.step % n == 0 and self.bootstrap.end_interval():
+            if info.step % lag == 0 and self.bootstrap.end_interval():
                 self.stage = "guided"
+                self.guided_at = info.step
                 self._binding.event(Decision(info.step, "guided", (), "training loss settled"))
         with self.budget.spending():
             evaluated = self.link.complete(self.stage == "guided", self._weights)
-            accepted = self.link.decisions(info.step, info.frozen, MAX_LAG_INTERVALS * n, self.window)
+            accepted = self.link.decisions(info.step, info.frozen, lag)
         if accepted:
             last = accepted[-1]
             assert last.decision is not None
@@ -191,7 +195,7 @@ class KnowledgeGuided:
         if info.step == info.total_steps and info.freezable > 0 and frozen == 0:
             self._say_why_nothing_froze(info.step, frozen)
         self.budget.step_done(evaluated)
-        self._keep_budget()
+        self._keep_budget(info.step)
         self._arm(info.step, frozen, info.freezable)
         return move
 
@@ -262,8 +266,9 @@ class KnowledgeGuided:
         """The conditions of the rule that the front module's last reading ``last`` did not
         meet, each with its figures; those it met are left out."""
         blocked = []
-        if last.get("stale", 0) < self.window:
-            blocked.append(f"its readings' slope within tolerance for {last.get('stale', 0)} of W={self.window} readings")
+        span = self.spans.span if self.spans is not None else 0
+        if last.get("stale_steps", 0) < span:
+            blocked.append(f"its readings' slope within tolerance for {last.get('stale_steps', 0)} of the span's {span} steps")
         if self._horizon_on():
             horizon, share = self.config.horizon, last.get("outlook_share")
             if share is None:
@@ -293,11 +298,6 @@ class KnowledgeGuided:
         idle, share = self.rule_settings.idle_share, last.get("active_share")
         if idle is not None and share is not None:
             blocked.append(f"nor idle: plasticity {share:.2g} of the most active watched module's, against {idle:g}")
-        # spent passes over the horizon and the bound alike: named whichever of them held
-        spent, pace_share, lr_share = self.rule_settings.spent_share, last.get("pace_share"), last.get("lr_share")
-        if spent is not None and pace_share is not None and lr_share is not None:
-            blocked.append(f"nor spent: pace {pace_share:.2g} of its fastest, against {spent:g} of the "
-                           f"learning rate's share ({spent * lr_share:.2g})")
         return blocked
 
     def _under_bound(self) -> tuple[LRSchedule, list[bool]] | None:
@@ -323,41 +323,44 @@ class KnowledgeGuided:
             count += 1
         return count
 
-    def _room(self) -> int | None:
-        """The longest n that leaves a module still learning the readings it needs in some
-        regime of the schedule (the steps between two jumps, where its watch runs on): W + 2
-        readings in the regime (one straddles the jump, W + 1 make W slopes) and one at a
-        rate at or under the bound. None: no regime comes down to the bound, or no schedule
-        or bound is known."""
-        known = self._under_bound() if self._horizon_on() else None
-        if known is None:
-            return None
-        schedule, under = known
-        ends = [0, *schedule.jumps(REGIME_CHANGE), len(under)]
-        rooms = [min((end - start) // (self.window + 2), sum(under[start:end]))
-                 for start, end in zip(ends, ends[1:]) if any(under[start:end])]
-        return max(1, max(rooms)) if rooms else None
-
     # -- the steps of target() ----------------------------------------------------------
 
     def planned_interval(self, total_steps: int | None, num_modules: int) -> int | None:
         """n for a run of ``total_steps`` over ``num_modules`` layer modules: the config's;
         else, under the paper's rule, the guideline's with the ``MIN_EVAL_INTERVAL`` floor
-        (None: not known yet); under Egeria's, ``MIN_EVAL_INTERVAL`` (its modules are all
-        read at once and freeze W + 1 readings after their drift has fallen, so n sets
-        that delay, whatever the run's length; the cost budget may lengthen it)."""
+        (None: not known yet); under Egeria's, ``MIN_EVAL_INTERVAL`` (the cost budget may
+        space readings further, within the rule's spans: :class:`~egeria.knowledge.spans.Spans`)."""
         if self.eval_interval is not None:
             return self.eval_interval
+        return self._planned_lag(total_steps, num_modules)
+
+    def _planned_lag(self, total_steps: int | None, num_modules: int) -> int | None:
+        """D, the steps a reading's drift covers, before an explicit interval: under
+        Egeria's rule ``MIN_EVAL_INTERVAL``; under the paper's, its guideline's n (with that
+        floor), or the config's n (None: not known yet)."""
         if self.config.rule == "egeria":
             return MIN_EVAL_INTERVAL
+        if self.config.eval_interval is not None:
+            return self.config.eval_interval
         if total_steps is None:
             return None
         return max(derive_eval_interval(total_steps, self.config.window, num_modules), MIN_EVAL_INTERVAL)
 
     def _interval(self, info: StepInfo) -> int:
+        """n, and the rule's spans, planned once the run is known (its length, the modules)."""
+        assert self._binding is not None
+        modules = len(self._binding.partition)
+        if self.spans is None:
+            lag = self._planned_lag(info.total_steps, modules)
+            assert lag is not None
+            self.spans = Spans.for_interval(lag, self.window, self.config.eval_interval)
+            if self.spans.lag > min(lag, self.config.eval_interval or lag):
+                logger.info(
+                    "Egeria: eval_interval=%d leaves a span of W x %d steps fewer than two readings: each reading "
+                    "now covers %d steps, so the rule's span is %d steps", self.config.eval_interval, lag,
+                    self.spans.lag, self.spans.span,
+                )
         if self.eval_interval is None:
-            assert self._binding is not None
-            modules = len(self._binding.partition)
             self.eval_interval = self.planned_interval(info.total_steps, modules)
             assert self.eval_interval is not None
             if self.config.rule == "paper" and self.eval_interval > derive_eval_interval(
@@ -370,17 +373,21 @@ class KnowledgeGuided:
                 )
         return self.eval_interval
 
-    def _keep_budget(self) -> None:
-        """Once the first evaluations are measured: lengthen a derived n that breaks the
-        cost budget, or report an explicit one. The watches go on: restarting them would set
-        the tolerances from the flatter slopes read later (docs/decisions/016-cost-budget.md). The
-        rule's timing is in readings, so a lengthened n moves its decisions with the machine's
-        pace (docs/decisions/037-reading-cost-sets-n.md)."""
+    def _keep_budget(self, step: int) -> None:
+        """Once the first evaluations are measured: space the readings of a derived n that
+        breaks the cost budget further apart, within the rule's spans (at most
+        :attr:`Spans.longest_interval`), or report an explicit one. The budget sets only how
+        densely the spans are sampled: they are steps, so the decisions stay where they were
+        within one interval (docs/decisions/038-steps-not-readings.md; the budget itself:
+        docs/decisions/016-cost-budget.md). It is judged once the first readings have set the
+        modules' tolerances, read one every D steps whatever the budget: the tolerance is a
+        module's own scale of its early slopes, which sparser first readings would see later
+        and flatter."""
         limit = self.config.cost_budget
-        if limit is None or self.budget_checked or not self.budget.measured:
+        if limit is None or self.budget_checked or not self.budget.measured or not self._tolerances_read(step):
             return
         self.budget_checked = True
-        assert self.eval_interval is not None and self.link is not None
+        assert self.eval_interval is not None and self.link is not None and self.spans is not None
         share = self.budget.share(self.eval_interval)
         if share <= limit:
             return
@@ -393,21 +400,23 @@ class KnowledgeGuided:
         if self.config.eval_interval is not None:
             logger.warning("Egeria: %s; eval_interval=%d is kept as set (n=%d would meet it)", figures, self.eval_interval, needed)
             return
-        room = self._room()
-        if room is not None and needed > max(room, self.eval_interval):
-            # a longer n would leave a module still learning too few readings after the
-            # schedule's last jump, or none at a low enough rate: nothing could freeze
-            room = max(room, self.eval_interval)
+        spaced = self.spans.clamp(needed)
+        if spaced < needed:
             logger.info(
-                "Egeria: %s; n is now %d, not %d, so that a module still learning keeps the readings it needs where it "
-                "may freeze (W + 2 = %d in a regime of the schedule, one of them at or under speed=%r's learning rate); "
-                "the readings take %.1f%%",
-                figures, room, needed, self.window + 2, self.config.speed, 100 * self.budget.share(room),
+                "Egeria: %s; n is now %d, not %d: the rule's span of %d steps must hold two readings, so the readings "
+                "take %.1f%% (a cheaper reading: probe_size=..., controller_cpus=...)",
+                figures, spaced, needed, self.spans.span, 100 * self.budget.share(spaced),
             )
-            needed = room
         else:
-            logger.info("Egeria: %s; n is now %d", figures, needed)
-        self.eval_interval = needed
+            logger.info("Egeria: %s; n is now %d", figures, spaced)
+        self.eval_interval = spaced
+
+    def _tolerances_read(self, step: int) -> bool:
+        """Whether the readings that set the watched modules' tolerances (the slopes of their
+        first ``TOLERANCE_LAGS`` x D steps, from their second reading) are in: a reading at
+        guiding's start and ``1 + TOLERANCE_LAGS`` lags of readings after it."""
+        assert self.spans is not None
+        return self.guided_at is not None and step >= self.guided_at + (1 + TOLERANCE_LAGS) * self.spans.lag
 
     def _record_loss(self, loss: torch.Tensor | float | None) -> None:
         if loss is None:
@@ -427,6 +436,8 @@ class KnowledgeGuided:
             return None
         if self.config.rule == "paper":  # refreeze soon: halve W, watch again at once
             self.window = max(min(MIN_WINDOW, self.config.window), self.window // 2)
+            if self.spans is not None:
+                self.spans = dataclasses.replace(self.spans, window=self.window)
         else:  # wait until the loss has settled at the new learning rate
             self.stage = "bootstrap"
             self.bootstrap = BootstrapMonitor(BOOTSTRAP_CHANGE_RATE)
@@ -436,11 +447,15 @@ class KnowledgeGuided:
         return Move(0, f"learning rate {ctx.lr:.3g} (was {ctx.lr_at_freeze:.3g})")
 
     def _arm(self, step: int, frozen: int, freezable: int) -> None:
-        """Capture the next step's batch when that step evaluates plasticity (or ends a
-        bootstrap interval) and a module is left to watch."""
-        assert self.link is not None and self.eval_interval is not None
-        due = (step + 1) % self.eval_interval == 0
-        self.link.arm(step + 1 if due and frozen < freezable else None)
+        """Capture the next step's batch when that step takes a reading (every n steps) or
+        refreshes the reference for one (D steps before it, where n > D) and a module is
+        left to watch; with n = D each reading refreshes the reference for the next."""
+        assert self.link is not None and self.eval_interval is not None and self.spans is not None
+        n, lag, coming = self.eval_interval, self.spans.lag, step + 1
+        read = coming % n == 0
+        refresh = read if n <= lag else (coming + lag) % n == 0
+        due = (read or refresh) and frozen < freezable
+        self.link.arm(coming if due else None, read=read, refresh=refresh, lag=lag)
 
     # -- hooks: they record, the step boundary acts ---------------------------------------
 
@@ -561,8 +576,8 @@ class KnowledgeGuided:
             self._binding.partition,
             float_snapshot(self._binding.model, self._home, None if self._binding.weights is None else self._weights()),
             resolve_precision(cfg.reference_precision),
-            rule=dataclasses.replace(self.rule_settings, window=self.window),
-            refresh_every=1,  # after every reading: a reading measures the last n steps' drift
+            rule=dataclasses.replace(self.rule_settings, window=self.window,
+                                     lag=self.spans.lag if self.spans is not None else self.rule_settings.lag),
             threads=controller_threads(self.executor_kind, cpus),
             cpu_threshold=cfg.cpu_threshold,
             span=self.span,
@@ -597,10 +612,12 @@ class KnowledgeGuided:
             "stage": self.stage,
             "window": self.window,
             "eval_interval": self.eval_interval,
+            "lag": None if self.spans is None else self.spans.lag,
             "bootstrap": self.bootstrap.state_dict(),
             "lr_at_freeze": self.lr_at_freeze,
             "freeze_step": self.freeze_step,
             "budget_checked": self.budget_checked,
+            "guided_at": self.guided_at,
             "link": self.link.state_dict(self._weights(), self._binding.frozen()),
         }
 
@@ -617,12 +634,15 @@ class KnowledgeGuided:
                 "stage": text(("bootstrap", "guided")),
                 "window": integer(1, 10**6),
                 "eval_interval": optional(integer(1, 2**63 - 1)),
+                "lag": optional(integer(1, 2**63 - 1)),
                 "bootstrap": BootstrapMonitor.state_spec(),
                 "lr_at_freeze": optional(number(0)),
                 "freeze_step": optional(integer(0, steps)),
                 "budget_checked": boolean,
+                "guided_at": optional(integer(0, steps)),
                 "link": ControllerLink.state_spec(controller, partition.names, steps),
             },
+            optional=("lag", "guided_at"),
         )
 
     def load_state_dict(self, state: dict) -> None:
@@ -630,12 +650,17 @@ class KnowledgeGuided:
         self.stage = state["stage"]
         self.window = int(state["window"])
         self.eval_interval = self.config.eval_interval or state["eval_interval"]
+        lag = state.get("lag")  # absent before the rule's steps: planned again at the next step
+        self.spans = None if lag is None else Spans(int(lag), self.window)
         self.bootstrap = BootstrapMonitor.from_state(state["bootstrap"])
         self.lr_at_freeze = state["lr_at_freeze"]
         self.freeze_step = state["freeze_step"]
         self.budget_checked = bool(state["budget_checked"])
+        self.guided_at = state.get("guided_at")  # absent before: the budget waits no longer for it
+        if self.guided_at is None and self.stage == "guided":
+            self.guided_at = 0
         self.link.load_state_dict(state["link"], self._weights(), self._binding.frozen())
-        if self.eval_interval is not None:
+        if self.eval_interval is not None and self.spans is not None:
             self._arm(self._binding.step(), self._binding.frozen(), self._binding.partition.freezable)
 
 

@@ -40,6 +40,11 @@ class Request:
         lr_peak: the schedule's highest learning rate (None: the schedule is not known).
         regime: the step of the schedule's latest jump of 2x or more at or before ``step``
             (-1: none yet; None: the schedule is not known): readings of one regime share it.
+        read: take a reading (compare the model with the reference refreshed before it).
+        refresh: refresh the reference from the readout's weights afterwards (a reading
+            ``lag`` steps later compares with it).
+        lag: D, the steps a reading's drift covers: the rule's spans are W x D steps (None:
+            the controller's own).
     """
 
     seq: int
@@ -53,6 +58,9 @@ class Request:
     mass_ahead: float | None = None
     lr_peak: float | None = None
     regime: int | None = None
+    read: bool = True
+    refresh: bool = True
+    lag: int | None = None
 
 
 @dataclass
@@ -78,11 +86,14 @@ class Result:
     """The controller's answer to one evaluation.
 
     Attributes:
-        seq, generation, step, module: those of the request.
+        seq, generation, step: those of the request.
+        module: the front module the controller watched (its own view of the frozen set,
+            which runs ahead of the training side's by the decisions not yet applied).
         readings: the plasticity readings (history rows, one per watched module, front
             first); empty when none was taken.
         decision: a freeze decision, or None.
-        note: why there is no reading ("stale", "cancelled", "building", "non-finite").
+        note: why there is no reading ("stale", "cancelled", "building", "refreshed",
+            "non-finite").
         seconds: controller time spent on the evaluation.
         waited_s: time the controller waited for a quiet CPU before it.
     """

@@ -4,50 +4,44 @@ own criterion: the movement still to come).
 It holds no model and no reference: it takes plasticity readings, with what the run's
 learning-rate schedule says of them, and says which front modules may freeze; the
 controller feeds it live readings and a study can feed it the readings a run recorded
-(``benchmarks/studies/movement_ahead.py``).
+(``benchmarks/studies/span_replay.py``).
 
-Egeria's criterion (``horizon`` set). A reading measures how far a module drifted since
-the reference was last refreshed, that is its drift *rate*, not the distance it still has
-to go (docs/decisions/007-readings-measure-rate.md); and a freeze costs what the later
-learning rate would still have moved the module (docs/decisions/006-never-unfreeze.md).
-The criterion is docs/decisions/008-horizon.md. Both are read from the
-schedule, whatever scheduler built it (:mod:`egeria.lr_schedule`):
+**Its timing is in optimizer steps** (docs/decisions/038-steps-not-readings.md). A reading at
+step t measures how far a module drifted in the ``lag`` steps since the reference was
+refreshed (D, 20 by default): its drift *rate*, not the distance it still has to go
+(docs/decisions/007-readings-measure-rate.md). The rule's one span is S = W x D steps (60 by
+default); readings are samples within it, as dense as the cost budget allows, at most
+(W - 1) x D apart so that a span holds two. No span grows with the reading interval, so a
+faster or slower machine samples the same spans more or less densely and freezes the same
+modules within one reading interval.
 
-- the module's *pace*: its drift per unit of learning-rate mass, a reading over the sum
-  of the learning rates of its interval's steps (the median of the last W such values, so
-  that one heavy-tailed reading moves nothing);
-- its *outlook*: the pace times the mass still ahead (the sum of the learning rates of the
-  steps to come), the drift still to come if it goes on as it does now; and the outlook's
-  share of the largest it has had in the run.
+**The rule, whole** (each part a general principle, stated once here):
 
-A module freezes when its readings say it has settled, by the paper's test (the slope of
-its smoothed readings within tolerance for W readings), and its outlook has fallen to at
-most ``horizon`` of its largest: a module settled at a high learning rate still has most
-of its movement ahead, one settled after the schedule has spent its mass has not, whether
-the schedule steps, decays smoothly or warms up first. A module whose readings sit within
-``floor_ratio`` of the reference's own error for W readings (*quiet*: its drift cannot be
-told from none, as a pretrained front's in fine-tuning) freezes on that alone, however
-much mass is ahead. So does a module whose smoothed plasticity stays at most
-``idle_share`` (1/100) of the most active watched module's for W readings (*idle*: a
-pretrained layer being adapted, whose outputs move a hundredth as much as the layers the
-network is learning with; docs/decisions/032-idle-modules.md). Without a known schedule
-(``ReduceLROnPlateau``, an unknown length) no outlook exists, and only quiet and idle
-modules freeze.
+1. *Settled*: the slope of the module's smoothed readings, fitted against the step, stayed
+   within its tolerance at every reading of a span (the paper's test: its drift stopped
+   falling).
+2. *Still*: it no longer moves at all, by either scale, for a span: *quiet*, its readings
+   within ``floor_ratio`` of the reference's own error (a pretrained front in fine-tuning:
+   docs/decisions/012-floor-ratio.md), or *idle*, at most ``idle_share`` (1/100) of the most
+   active watched module's (a pretrained layer being adapted while the layers the network
+   learns with move a hundredfold more: docs/decisions/032-idle-modules.md). A still module
+   freezes on that alone, however much of the schedule is ahead.
+3. *Little still to come* (Egeria's criterion, ``horizon`` set): a settled module freezes
+   only once what the rest of the run would still change in it is small, bounded two ways:
+   its *outlook*, its pace (drift per unit of learning-rate mass, the median over the span)
+   times the learning-rate mass still ahead, at most ``horizon`` of the largest it has had
+   (docs/decisions/008-horizon.md); and the learning rate, at most ``low_lr`` of the run's
+   peak (``EgeriaConfig.speed``), since the end of a decaying schedule lowers the loss by
+   annealing weights that hardly move, which the pace does not see
+   (docs/decisions/030-freeze-at-low-lr.md). Without a known schedule there is no outlook and
+   only still modules freeze.
 
-And a module that is neither quiet nor idle freezes only once the learning rate has come down to
-``low_lr`` of the run's peak (``EgeriaConfig.speed``: 1/100 by default): a
-frozen module keeps the iterate it had, and under a schedule that decays continuously the
-end of training lowers the loss by annealing the weights while they hardly move, which the
-drift still to come does not see. Every freeze measured at 1/100 of the peak or lower
-(after a step schedule's two tenfold decays) cost nothing, those at 1/10 and above cost
-accuracy (docs/decisions/030-freeze-at-low-lr.md). The peak is the highest learning rate
-the rule has been told of: the schedule's, and every reading's. Unless it is *spent*: settled
-by the slope test with its pace at most ``spent_share`` (1/100) of the fastest it has had
-times the learning rate's share of its peak, fallen a hundredfold beyond what the rate's own
-fall explains (a pretrained layer done adapting while the rate is still high). A spent module
-freezes whatever its outlook and the learning rate: both multiply the mass ahead by a pace
-that no longer follows the rate. Only at ``speed="fast"``, where a cost is accepted
-(docs/decisions/034-spent-modules.md).
+A span never holds readings of two regimes of the schedule: at a jump of the learning rate
+(2x or more from one step to the next) each module's span starts afresh, and a reading whose
+own drift spans the jump joins neither (docs/decisions/014-lr-regimes.md). Outside this
+module the policy adds the other parts of the whole rule: bootstrapping (no reading before
+the training loss settles), the cap on the frozen share of the weight computation, and the
+frozen set growing as a prefix.
 """
 
 from __future__ import annotations
@@ -59,7 +53,7 @@ from typing import Sequence
 from ..checkpoint.statecheck import Spec, index_keys, integer, items, mapping, number, optional, record
 from .plasticity import ModuleWatch, Reading
 
-__all__ = ["FrontRule", "IDLE_SHARE", "Outlook", "RuleSettings", "SPENT_SHARE", "at_most"]
+__all__ = ["FrontRule", "IDLE_SHARE", "Outlook", "RuleSettings", "at_most"]
 
 # Learning rates are products of factors (0.1 * 0.1 * lr is not 0.01 * lr in floats): a
 # rate this close above the bound is at it.
@@ -72,14 +66,6 @@ _LR_SLACK = 1e-6
 #: suite's runs trained from scratch, nor of its weakly pretrained GPT, reads idle (at 3/100
 #: the GPT's front does, and freezing it early costs).
 IDLE_SHARE = 0.01
-
-#: A settled module whose pace (drift per unit of learning-rate mass) is at most this share of
-#: the fastest it has had, times the learning rate's share of its peak, is spent and freezes
-#: whatever its outlook and the learning rate (docs/decisions/034-spent-modules.md): the same
-#: two orders of magnitude, beyond what the rate's fall explains. On the suite's committed
-#: readings only (f)'s layer 3 reads spent, at 25-29% of the run; frozen there after layer 2's
-#: early idle freeze it cost up to 0.5 points, so the test is part of speed="fast" only.
-SPENT_SHARE = 0.01
 
 
 def at_most(share: float, bound: float) -> bool:
@@ -96,26 +82,26 @@ class RuleSettings:
     setting is a field here and a line there.
 
     Attributes:
-        window: W, the readings a module must stay settled for, at the start (the rule
-            holds the current one: the policy halves it at an unfreeze).
-        tolerance_ratio: the slope test's tolerance as a share of the largest of the
-            first three slope magnitudes (:class:`~egeria.knowledge.plasticity.ModuleWatch`).
+        window: W: the span is W x ``lag`` steps (the policy halves W at an unfreeze under
+            the paper's rule; the rule holds the current one).
+        tolerance_ratio: the slope test's tolerance as a share of the largest slope
+            magnitude of a module's first span
+            (:class:`~egeria.knowledge.plasticity.ModuleWatch`).
         horizon: Egeria's criterion: a settled module freezes once its outlook is at most
             this share of its largest (None or 1.0: the slope test alone, as in the paper).
-        regimes: a reading whose learning rate differs 2x or more from the module's
-            previous one restarts that module's moving average, stale count and paces, and
-            is itself left out of them (:meth:`ModuleWatch.new_regime`).
-        floor_ratio: a module also settles after W consecutive readings whose smoothed
-            plasticity is at most this many times its smoothed floor (what it reads when it
-            has not moved). None: floors are not compared (nor measured).
-        low_lr: a module that is neither quiet nor idle freezes only at a learning rate at
-            most this share of the run's peak (None: any learning rate, as in the paper).
-        idle_share: a module also settles after W consecutive evaluations whose smoothed
-            plasticity is at most this share of the largest smoothed plasticity among the
-            modules watched with it (:meth:`FrontRule.compare`; None: not compared).
-        spent_share: a settled module (W stale readings) whose pace is at most this share of
-            its fastest times the learning rate's share of its peak freezes whatever its
-            outlook and ``low_lr`` (:meth:`FrontRule.spent`; None: never).
+        regimes: a jump of the schedule (or, without one known, a 2x change of the learning
+            rate between readings) starts each module's span afresh
+            (:meth:`ModuleWatch.new_regime`).
+        floor_ratio: a module is quiet at readings whose smoothed plasticity is at most this
+            many times its smoothed floor (what it reads when it has not moved). None:
+            floors are not compared (nor measured).
+        low_lr: a module that is not still freezes only at a learning rate at most this
+            share of the run's peak (None: any learning rate, as in the paper).
+        idle_share: a module is idle at evaluations where its smoothed plasticity is at
+            most this share of the largest among the modules watched with it
+            (:meth:`FrontRule.compare`; None: not compared).
+        lag: D, the steps each reading's drift covers (from the reference's refresh to the
+            reading); the span is W x D steps.
     """
 
     window: int
@@ -125,48 +111,48 @@ class RuleSettings:
     floor_ratio: float | None = None
     low_lr: float | None = None
     idle_share: float | None = None
-    spent_share: float | None = None
+    lag: int = 1
 
 
 class Outlook:
     """One module's pace (drift per unit of learning-rate mass) and outlook.
 
     Args:
-        window: how many paces the median is taken over (W).
+        window: W, so that the span is ``window x lag`` steps.
+        lag: the steps each reading's drift covers (the pace is the median over the
+            readings of the span).
     """
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, lag: int = 1) -> None:
         self.window = window
-        self.paces: list[float] = []  # the last W readings' drift per unit of mass
+        self.lag = lag
+        self.paces: list[float] = []  # the span's readings' drift per unit of mass
+        self.steps: list[int] = []  # their steps
         self.ahead: float | None = None  # the learning-rate mass ahead at the latest reading
         self.largest = 0.0  # the largest outlook the module has had in the run
-        self.fastest = 0.0  # the largest pace the module has had in the run
 
-    def add(self, plasticity: float, mass: float | None, ahead: float | None) -> None:
-        """A reading over an interval holding learning-rate mass ``mass`` (the sum of its
-        steps' learning rates), with ``ahead`` still to come (None: not known)."""
+    def add(self, plasticity: float, mass: float | None, ahead: float | None, step: int | None = None) -> None:
+        """A reading at ``step`` (None: ``lag`` steps after the previous one) over an interval
+        holding learning-rate mass ``mass`` (the sum of its steps' learning rates), with
+        ``ahead`` still to come (None: not known)."""
         self.ahead = ahead
         if mass is not None and mass > 0:
-            self.paces = (self.paces + [plasticity / mass])[-self.window:]
-            self.fastest = max(self.fastest, self.pace)
+            if step is None:
+                step = self.steps[-1] + self.lag if self.steps else self.lag
+            kept = [(s, p) for s, p in zip(self.steps, self.paces) if s >= step - self.window * self.lag + self.lag]
+            self.steps = [s for s, _ in kept] + [step]
+            self.paces = [p for _, p in kept] + [plasticity / mass]
         value = self.value
         if value is not None:
             self.largest = max(self.largest, value)
 
     def restart(self) -> None:
-        """A new regime of the learning rate: the paces start afresh (the largest and the
-        fastest stay)."""
-        self.paces = []
+        """A new regime of the learning rate: the paces start afresh (the largest stays)."""
+        self.paces, self.steps = [], []
 
     @property
     def pace(self) -> float | None:
         return statistics.median(self.paces) if self.paces else None
-
-    @property
-    def pace_share(self) -> float | None:
-        """The pace as a share of the fastest the module has had (None: no pace yet)."""
-        pace = self.pace
-        return None if pace is None or self.fastest <= 0 else pace / self.fastest
 
     @property
     def value(self) -> float | None:
@@ -183,22 +169,24 @@ class Outlook:
         return value / self.largest
 
     def state_dict(self) -> dict:
-        return {"paces": list(self.paces), "ahead": self.ahead, "largest": self.largest, "fastest": self.fastest}
+        return {"paces": list(self.paces), "steps": list(self.steps), "ahead": self.ahead, "largest": self.largest}
 
     @classmethod
-    def from_state(cls, window: int, state: dict) -> Outlook:
-        outlook = cls(window)
-        outlook.paces = [float(p) for p in state["paces"]][-window:]
+    def from_state(cls, window: int, state: dict, lag: int = 1) -> Outlook:
+        """The outlook a :meth:`state_dict` saved; one saved before the rule's timing was in
+        steps (no ``steps``) keeps its largest and starts its paces afresh."""
+        outlook = cls(window, lag)
+        if "steps" in state:
+            outlook.paces = [float(p) for p in state["paces"]]
+            outlook.steps = [int(s) for s in state["steps"]]
         outlook.ahead = None if state["ahead"] is None else float(state["ahead"])
         outlook.largest = float(state["largest"])
-        # a state from before the spent test: the fastest known is among the paces it kept
-        outlook.fastest = float(state.get("fastest", max(outlook.paces, default=0.0)))
         return outlook
 
     @staticmethod
     def state_spec() -> Spec:
-        return record({"paces": items(number(0)), "ahead": optional(number(0)), "largest": number(0),
-                       "fastest": number(0)}, optional=("fastest",))
+        return record({"paces": items(number(0)), "steps": items(integer(0)), "ahead": optional(number(0)),
+                       "largest": number(0), "fastest": number(0)}, optional=("steps", "fastest"))
 
 
 class FrontRule:
@@ -211,48 +199,54 @@ class FrontRule:
     def __init__(self, settings: RuleSettings) -> None:
         self.settings = settings
         self.window = settings.window  # the current W (restart() sets it)
+        self.lag = settings.lag
         self.tolerance_ratio = settings.tolerance_ratio
         self.horizon = settings.horizon
         self.regimes = settings.regimes
         self.floor_ratio = settings.floor_ratio
         self.low_lr = settings.low_lr
         self.idle_share = settings.idle_share
-        self.spent_share = settings.spent_share
         self.active: int | None = None  # the most active module at the latest compare()
         self.lr: float | None = None  # the learning rate of the latest reading
         self.peak: float | None = None  # the highest learning rate of the run known so far
         self.watches: dict[int, ModuleWatch] = {}
         self.outlooks: dict[int, Outlook] = {}  # kept across restarts: their largest is the run's
 
+    @property
+    def span(self) -> int:
+        """S: the steps a module must stay settled, quiet or idle (``window x lag``)."""
+        return self.window * self.lag
+
     def read(self, index: int, plasticity: float, lr: float | None = None, floor: float | None = None, *,
              mass: float | None = None, ahead: float | None = None, peak: float | None = None,
-             regime: int | None = None) -> Reading:
-        """Module ``index``'s plasticity at a step trained at learning rate ``lr`` (None:
-        not known), with its floor where measured, through its watch; ``mass`` is the
-        learning-rate mass the reading's interval held (the sum of its steps' learning
-        rates), ``ahead`` the mass still to come after it, ``peak`` the schedule's
-        highest learning rate and ``regime`` the step of the schedule's latest jump
-        (:meth:`egeria.lr_schedule.LRSchedule.last_jump`; each None: the schedule is not
-        known, and a 2x change of ``lr`` since the previous reading marks a new regime).
+             regime: int | None = None, step: int | None = None, straddles: bool = True) -> Reading:
+        """Module ``index``'s plasticity at ``step`` (None: ``lag`` steps after its previous
+        reading), trained at learning rate ``lr`` (None: not known), with its floor where
+        measured, through its watch; ``mass`` is the learning-rate mass the reading's interval
+        held (the sum of its steps' learning rates), ``ahead`` the mass still to come after
+        it, ``peak`` the schedule's highest learning rate and ``regime`` the step of the
+        schedule's latest jump (:meth:`egeria.lr_schedule.LRSchedule.last_jump`; each None:
+        the schedule is not known, and a 2x change of ``lr`` since the previous reading
+        marks a new regime); ``straddles``: the reading's own drift spans that jump.
 
         Raises:
             ValueError: for a value that is not a finite number.
         """
         watch = self.watches.get(index)
         if watch is None:
-            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio, self.floor_ratio)
+            watch = self.watches[index] = ModuleWatch(self.window, self.tolerance_ratio, self.floor_ratio, self.lag)
         outlook = self.outlooks.get(index)
         if outlook is None:
-            outlook = self.outlooks[index] = Outlook(self.window)
-        if self.regimes and lr is not None and watch.new_regime(lr, regime):
+            outlook = self.outlooks[index] = Outlook(self.window, self.lag)
+        if self.regimes and lr is not None and watch.new_regime(lr, regime, straddles):
             outlook.restart()
         self.lr = lr
         for known in (lr, peak):
             if known is not None and (self.peak is None or known > self.peak):
                 self.peak = known
-        reading = watch.update(plasticity, floor)
+        reading = watch.update(plasticity, floor, step)
         if reading.counted:
-            outlook.add(reading.plasticity, mass, ahead)
+            outlook.add(reading.plasticity, mass, ahead, watch.step)
         else:
             outlook.ahead = ahead
         return reading
@@ -263,10 +257,10 @@ class FrontRule:
     def compare(self, indices: Sequence[int]) -> dict[int, float]:
         """An evaluation's readings of ``indices`` are in (each through :meth:`read`): each
         module's smoothed plasticity as a share of the largest among them, and, with
-        ``idle_share``, the count of consecutive evaluations each read at most that share
-        (idle). A module alone, or one without a smoothed reading since the schedule's
-        last jump, is not idle; nor is any module while the most active one reads at its
-        floor (a share of readings that are all noise says nothing).
+        ``idle_share``, whether each read at most that share (idle). A module alone, or one
+        without a smoothed reading since the schedule's last jump, is not idle; nor is any
+        module while the most active one reads at its floor (a share of readings that are
+        all noise says nothing).
 
         Returns:
             module index -> its share of the most active module's smoothed plasticity.
@@ -281,24 +275,33 @@ class FrontRule:
                 watch = self.watches.get(index)
                 if watch is None:
                     continue
-                idle = moving and len(shares) > 1 and index in shares and shares[index] <= self.idle_share
-                watch.idle = watch.idle + 1 if idle else 0
+                watch.mark_idle(moving and len(shares) > 1 and index in shares and shares[index] <= self.idle_share)
         return shares
 
     def settled(self, index: int) -> bool:
-        """The rule says freeze: W quiet readings (at the floor) or W idle ones (at most
-        ``idle_share`` of the most active module's); or W stale readings and the module spent
-        (:meth:`spent`) or (under Egeria's criterion) an outlook at most ``horizon`` of its
-        largest at a learning rate at most ``low_lr`` of the peak."""
+        """The rule says freeze: the module is still (:meth:`still`) for a span, or it has
+        settled (stale at every reading of a span) and little movement is still to come
+        (:meth:`little_to_come`)."""
         watch = self.watches.get(index)
         if watch is None or not watch.smoothed:
             return False
-        if self.quiet(index) or self.idle(index):
+        if self.still(index):
             return True
-        if watch.stale < self.window:
-            return False
-        if self.spent(index):
-            return True
+        return watch.holds(watch.stale_from) and self.little_to_come(index)
+
+    def still(self, index: int) -> bool:
+        """Whether module ``index`` no longer moves at all, by either scale, for a span:
+        quiet (its drift within ``floor_ratio`` of the reference's own error) or idle (at
+        most ``idle_share`` of the most active watched module's drift)."""
+        return self.quiet(index) or self.idle(index)
+
+    def little_to_come(self, index: int) -> bool:
+        """Whether little movement is still to come for module ``index`` (Egeria's criterion;
+        always, with ``horizon`` None or 1): its outlook is at most ``horizon`` of its
+        largest and the learning rate at most ``low_lr`` of the peak. The two bound one
+        quantity, what the rest of the run would still change in the module: the outlook
+        the drift it would still make at its pace, the learning rate what annealing at a
+        low rate still gives, which its pace does not see (docs/decisions/030-freeze-at-low-lr.md)."""
         if self.horizon is None or self.horizon >= 1:
             return True
         outlook = self.outlooks.get(index)
@@ -313,32 +316,21 @@ class FrontRule:
         return self.lr / self.peak
 
     def lr_low(self) -> bool:
-        """Whether the learning rate is low enough for a module that is not quiet to freeze."""
+        """Whether the learning rate is low enough for a module that is not still to freeze."""
         if self.low_lr is None:
             return True
         share = self.lr_share
         return share is not None and at_most(share, self.low_lr)
 
-    def spent(self, index: int) -> bool:
-        """Whether module ``index``'s pace has fallen to at most ``spent_share`` of its fastest
-        times the learning rate's share of its peak: a hundredfold beyond what the rate's own
-        fall explains (False where either share is not known)."""
-        outlook = self.outlooks.get(index)
-        pace_share = None if outlook is None else outlook.pace_share
-        lr_share = self.lr_share
-        if self.spent_share is None or pace_share is None or lr_share is None:
-            return False
-        return pace_share <= self.spent_share * lr_share
-
     def quiet(self, index: int) -> bool:
-        """Whether module ``index`` has read at its floor for W readings."""
+        """Whether module ``index`` has read at its floor for a span."""
         watch = self.watches.get(index)
-        return watch is not None and watch.quiet >= self.window
+        return watch is not None and watch.holds(watch.quiet_from)
 
     def idle(self, index: int) -> bool:
-        """Whether module ``index`` has read idle for W evaluations."""
+        """Whether module ``index`` has read idle for a span."""
         watch = self.watches.get(index)
-        return watch is not None and watch.idle >= self.window
+        return watch is not None and watch.holds(watch.idle_from)
 
     def settled_front(self, indices: Sequence[int]) -> int:
         """How many of ``indices`` (front first) have settled, counted from the front up to
@@ -366,9 +358,19 @@ class FrontRule:
             outlook.window = window
             outlook.restart()
 
+    def relag(self, lag: int) -> None:
+        """Each reading now covers ``lag`` steps (the training side fixed D once it knew
+        the run): the watches and outlooks take it."""
+        self.lag = lag
+        for watch in self.watches.values():
+            watch.lag = lag
+        for outlook in self.outlooks.values():
+            outlook.lag = lag
+
     def state_dict(self) -> dict:
         return {
             "window": self.window,
+            "lag": self.lag,
             "lr": self.lr,
             "peak": self.peak,
             "watches": {str(i): w.state_dict() for i, w in self.watches.items()},
@@ -376,7 +378,7 @@ class FrontRule:
         }
 
     # fields a state written before they existed lacks
-    OPTIONAL_FIELDS = ("lr", "peak")
+    OPTIONAL_FIELDS = ("lr", "peak", "lag")
 
     @staticmethod
     def state_fields(modules: int) -> dict[str, Spec]:
@@ -384,6 +386,7 @@ class FrontRule:
         index = index_keys(0, modules - 1)
         return {
             "window": integer(1, 10**6),
+            "lag": integer(1, 10**9),
             "lr": optional(number(0)),
             "peak": optional(number(0)),
             "watches": mapping(ModuleWatch.state_spec(), keys=index),
@@ -392,10 +395,13 @@ class FrontRule:
 
     def load_state_dict(self, state: dict) -> None:
         self.window = int(state["window"])
+        self.lag = int(state.get("lag", self.lag))  # absent before the rule's steps
         # a state from before the learning-rate bound: the schedule's peak is told again
         # at the next reading (from the scheduler's position on, at least the rate there)
         self.lr = None if state.get("lr") is None else float(state["lr"])
         self.peak = None if state.get("peak") is None else float(state["peak"])
-        self.watches = {int(i): ModuleWatch.from_state(w) for i, w in state["watches"].items()}
-        self.outlooks = {int(i): Outlook.from_state(self.window, o) for i, o in state["outlooks"].items()}
+        self.watches = {int(i): ModuleWatch.from_state({"lag": self.lag, **w}) for i, w in state["watches"].items()}
+        for watch in self.watches.values():
+            watch.window = self.window
+        self.outlooks = {int(i): Outlook.from_state(self.window, o, self.lag) for i, o in state["outlooks"].items()}
 

@@ -60,7 +60,6 @@ class ControllerSpec:
     template: nn.Module
     precision: str
     rule: RuleSettings  # the freezing rule's settings, W as it is now
-    refresh_every: int
     threads: int | None
     cpu_threshold: float | None
     span: int = 1
@@ -72,7 +71,6 @@ class ControllerSpec:
             self.template,
             precision=self.precision,
             rule=self.rule,
-            refresh_every=self.refresh_every,
             threads=self.threads,
             span=self.span,
         )
