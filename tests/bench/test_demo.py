@@ -50,7 +50,7 @@ def test_demo_and_bench_without_the_bench_extra_name_it(
     assert main(command) == 2
     err = capsys.readouterr().err
     assert f"egeria {command[0]} needs egeria_no_such_module (the bench extra)" in err
-    assert "pip install 'egeria[bench]'" in err
+    assert "pip install -e '.[bench]' in egeria's clone" in err
 
 
 @pytest.mark.slow
