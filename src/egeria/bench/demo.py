@@ -98,7 +98,7 @@ class DemoSettings:
     device: str = "cpu"
 
 
-#: The full demo: 800 steps a run (its time by VM: ``docs/decisions/024-demo-speedup.md``).
+#: The full demo: 800 steps a run (its time by VM: ``benchmarks/RESULTS.md``, "The demo").
 FULL = DemoSettings()
 #: A smoke-test run of a few seconds of training.
 QUICK = DemoSettings(train_limit=1_024, test_limit=500, eval_limit=200, epochs=2)
