@@ -72,6 +72,66 @@ def test_the_readme_is_a_short_page_with_the_two_commands() -> None:
     assert TEST_COMMAND in text, f"README.md lost the test command {TEST_COMMAND!r}"
 
 
+CELL_MAX_WORDS, PARAGRAPH_MAX_WORDS = 40, 150
+# An issue number ("issue 49", "issues 49 and 50", "#49"), a benchmark task's letter, or a
+# term of the decision records that the README does not define (the glossary does).
+ISSUE = re.compile(r"\bissues? \d+|(?<![\w&])#\d+\b", re.I)
+TASK_LETTER = re.compile(r"\([a-f]\)")
+INTERNAL = re.compile(r"\b(twins?|pace|watch|regimes?|idle|spent|floor)\b", re.I)
+
+
+def blocks(text: str) -> tuple[list[str], list[str]]:
+    """(table cells, paragraphs) of a Markdown text: code blocks, headings and HTML comments
+    left out, each list item a paragraph of its own."""
+    cells: list[str] = []
+    paragraphs: list[str] = []
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    current: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        stripped = line.strip()
+        if stripped.startswith("|"):
+            cells += [c.strip() for c in stripped.strip("|").split("|") if not re.fullmatch(r"-*:?-*:?", c.strip())]
+        starts_item = re.match(r"[-*] |\d+\. ", stripped)
+        if not stripped or stripped.startswith(("|", "#", "![")) or starts_item:
+            if current:
+                paragraphs.append(" ".join(current))
+            current = [stripped] if starts_item else []
+        else:
+            current.append(stripped)
+    return cells, paragraphs
+
+
+def readme_faults(text: str) -> list[str]:
+    """What keeps a README from reading as a product page: long cells and paragraphs, issue
+    numbers, task letters and undefined internal terms."""
+    cells, paragraphs = blocks(text)
+    faults = [f"a table cell of {len(c.split())} words: {c[:60]!r}" for c in cells if len(c.split()) > CELL_MAX_WORDS]
+    faults += [f"a paragraph of {len(p.split())} words: {p[:60]!r}" for p in paragraphs
+               if len(p.split()) > PARAGRAPH_MAX_WORDS]
+    prose = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", text))  # link targets and code are not read
+    faults += [f"an issue number: {m!r}" for m in ISSUE.findall(prose)]
+    faults += [f"a task letter: {m!r}" for m in TASK_LETTER.findall(prose)]
+    faults += [f"an internal term: {m!r}" for m in INTERNAL.findall(prose)]
+    return faults
+
+
+def test_the_readme_has_short_cells_and_paragraphs_and_no_issue_numbers_or_internal_terms() -> None:
+    faults = readme_faults((ROOT / "README.md").read_text())
+    assert faults == [], f"README.md: {faults}"
+
+
+def test_a_long_cell_a_long_paragraph_an_issue_number_and_an_internal_term_are_found() -> None:
+    long_cell = "| task | " + "word " * 41 + "|\n|---|---|\n| a | b |"
+    assert readme_faults(long_cell) == [f"a table cell of 41 words: {('word ' * 41).strip()[:60]!r}"]
+    paragraph = "One " + "word " * 150 + "\nmore lines.\n\n- an item of its own"
+    assert [f.split(":")[0] for f in readme_faults(paragraph)] == ["a paragraph of 153 words"]
+    assert readme_faults("Goals (issues 49 and 50; see #51), task (f), its twin at plain's pace.") == [
+        "an issue number: 'issues 49'", "an issue number: '#51'", "a task letter: '(f)'",
+        "an internal term: 'twin'", "an internal term: 'pace'"]
+    assert readme_faults("```\n#49 in code\n```\n[a link](RESULTS.md#f-idle) and `floor_ratio`") == []
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(), f".ci/run no longer runs {TEST_COMMAND!r}"
 

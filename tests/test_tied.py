@@ -10,7 +10,7 @@ from torch.testing import assert_close
 import egeria
 from tiny import quick_config
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (pip install egeria[hf])")
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
 
 VOCAB = 48
 

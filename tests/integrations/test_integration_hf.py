@@ -12,8 +12,8 @@ import torch
 import egeria
 from tiny import quick_config
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (pip install egeria[hf])")
-pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install egeria[hf])")
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install -e '.[hf]')")
 
 from egeria.integrations.hf import STATE_FILE, EgeriaCallback  # noqa: E402
 from hf_workers import Tokens, gpt2  # noqa: E402
@@ -345,7 +345,7 @@ def test_the_integrations_package_imports_without_transformers(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now fails
     monkeypatch.delitem(sys.modules, "egeria.integrations.hf", raising=False)
     importlib.import_module("egeria.integrations")
-    with pytest.raises(ImportError, match=r"pip install egeria\[hf\]"):
+    with pytest.raises(ImportError, match=r"pip install -e \'\.\[hf\]\' in egeria\'s clone"):
         importlib.import_module("egeria.integrations.hf")
 
 

@@ -14,8 +14,8 @@ import shutil
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="needs transformers (pip install egeria[hf])")
-pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install egeria[hf])")
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate (pip install -e '.[hf]')")
 
 from egeria.cache.batchkeys import KEYS  # noqa: E402
 from egeria.integrations.hf import EgeriaCallback  # noqa: E402

