@@ -335,7 +335,7 @@ class ControllerLink:
         with window ``window`` (after an unfreeze)."""
         self.generation += 1
         self._newly_frozen = []
-        self._held = []
+        self._awaited, self._held = {}, []  # the old generation's answers decide nothing
         self._drop_evaluation()
         self.executor.restart(self.generation, frozen, window)
 
