@@ -46,7 +46,7 @@ _NAMES = items(text(), most=1_000_000)
 _PARTITION = items(record({"name": text(), "blocks": _NAMES, "params": _NAMES}), most=100_000)
 
 
-def _LR_TAKEN(value: Any, path: str) -> None:
+def _lr_taken(value: Any, path: str) -> None:
     """The learning rates of the steps taken (float64, one a step), each finite and at least 0."""
     encoded_tensor(dtype=torch.float64)(value, path)
     if len(value["shape"]) != 1:
@@ -123,7 +123,7 @@ def check_saved_state(
                 "steps": STEPS,
                 "total_steps": optional(integer(1, 2**63 - 1)),
                 "lr_cadence": optional(integer(1, 2**63 - 1)),
-                "lr_taken": optional(_LR_TAKEN),
+                "lr_taken": optional(_lr_taken),
                 "module_flops": optional(items(number(0))),
                 "frozen": integer(0),
                 "events": items(anything),
