@@ -398,6 +398,66 @@ def test_egeria_reads_a_resumed_schedulers_schedule_from_its_position():
     _exact(schedule.lrs[17:], _oracle(make)[17:])
 
 
+def test_a_run_resumed_after_a_schedules_jumps_reads_and_decides_as_the_uninterrupted_one(caplog):
+    """Egeria's checkpoint carries the learning rates of the steps taken, so a run resumed
+    after a step schedule's drops reads the same schedule (its jumps and peak, not the rate
+    at the resume held back to step 0) and its readings stay in their regime: the same
+    readings, bit for bit, and the same decisions (issue 74: a restart changes nothing)."""
+    import json
+
+    import torch.nn.functional as F
+
+    import egeria
+    from tiny import batches
+
+    total, resume_at = 48, 36  # drops at steps 20 and 30: the resume is in the last regime
+    config = egeria.EgeriaConfig(executor="inline", eval_interval=2, cost_budget=None, cpu_threshold=None)
+    data = batches(4, seed=1)
+
+    def run(first: int, last: int, model, opt, sched, eg) -> None:
+        for step in range(first, last):
+            x, y = data[step % len(data)]
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            eg.step(loss)
+
+    def build():
+        torch.manual_seed(0)
+        model = Chain()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return model, opt, lrs.MultiStepLR(opt, milestones=[20, 30], gamma=0.1)
+
+    model, opt, sched = build()
+    eg = Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=total)
+    run(0, resume_at, model, opt, sched, eg)
+    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), sched.state_dict(),
+             json.loads(json.dumps(eg.state_dict())))
+    run(resume_at, total, model, opt, sched, eg)
+    read, history, events = eg._schedule.schedule(opt, total), eg.history, [d.to_dict() for d in eg.events]
+    eg.close()
+
+    model, opt, sched = build()
+    model.load_state_dict(saved[0])
+    opt.load_state_dict(saved[1])
+    sched.load_state_dict(saved[2])
+    resumed = Egeria(model, opt, config=config, lr_scheduler=sched, total_steps=total)
+    resumed.load_state_dict(saved[3])
+    with caplog.at_level(logging.WARNING, logger="egeria"):
+        run(resume_at, total, model, opt, sched, resumed)
+    reread = resumed._schedule.schedule(opt, total)
+    assert reread.jumps(2.0) == read.jumps(2.0) == [20, 30] and reread.peak == read.peak == 0.05
+    assert torch.equal(reread.lrs, read.lrs)
+    after = [row for row in history if row["step"] > resume_at]
+    assert after and [row for row in resumed.history if row["step"] > resume_at] == after
+    assert all(row["counted"] for row in after)  # no reading after the resume starts a regime
+    assert [d.to_dict() for d in resumed.events] == events
+    assert "never falls" not in caplog.text  # the peak is the run's, not the rate at the resume
+    resumed.close()
+
+
 def test_egeria_warns_once_for_an_unknowable_schedule(caplog):
     eg, opt, scheduler, watcher = _engine(lambda opt: lrs.ReduceLROnPlateau(opt), TOTAL)
     warned_at = []

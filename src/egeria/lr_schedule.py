@@ -27,10 +27,13 @@ optimizer steps (once per epoch, say) and built at the run's first step is at po
 ``p`` while the optimizer takes steps ``p * steps_per_epoch`` to
 ``(p + 1) * steps_per_epoch - 1``, whether it is read at the start, the middle or the end
 of such an epoch. A schedule read mid-run (a resumed run) is read from the scheduler's
-position on; earlier steps take the learning rates observed there where given, else the
+position on; earlier steps take the learning rates observed there where given (Egeria's
+checkpoint carries those of the steps taken, :meth:`ScheduleWatch.taken`, so a resumed run
+reads the uninterrupted run's schedule, its jumps and peak included), else the
 first learning rate read, held back to step 0 (:attr:`LRSchedule.reconstructed` counts
 them; for a schedule that does not rise after that point this understates the mass behind
-and so overstates the mass ahead, the cautious side for a freeze).
+and so overstates the mass ahead, the cautious side for a freeze, and it hides the
+schedule's jumps and peak before that point).
 
 Egeria itself (:class:`ScheduleWatch`) copies the scheduler when it is given (before
 training, normally at position 0, so a fresh run's schedule is read whole) and learns how
@@ -229,6 +232,7 @@ class ScheduleWatch:
 
     def __init__(self) -> None:
         self._cadence: int | None = None  # optimizer steps per scheduler step, restored from a checkpoint
+        self._taken: list[float] = []  # the learning rates of the steps taken before a resume (a checkpoint's)
         self._reset(None, 0)
         self._told: set[int] = set()  # the levels of the messages logged (one each)
 
@@ -291,6 +295,21 @@ class ScheduleWatch:
         its schedule at once instead of after two more steps of the scheduler."""
         self._cadence = steps_per_epoch
 
+    def taken(self, steps: int) -> torch.Tensor | None:
+        """The learning rates of steps ``0 .. steps - 1`` as this run's schedule holds them
+        (float64), for a checkpoint; None before the schedule is known."""
+        answer = self._answer if self._answered else None
+        if answer is not None:
+            return answer.lrs[: min(steps, answer.total_steps)].clone()
+        return torch.tensor(self._taken[:steps], dtype=torch.float64) if self._taken else None
+
+    def assume_taken(self, lrs: Sequence[float] | torch.Tensor | None) -> None:
+        """The learning rates of the steps a run took before it was checkpointed
+        (:meth:`taken`): a resumed run's schedule holds them instead of reconstructing the
+        steps before the scheduler's position, so it reads the jumps, the peak and the
+        learning-rate mass of the uninterrupted run's schedule, bit for bit."""
+        self._taken = [] if lrs is None else [float(v) for v in lrs]
+
     def schedule(
         self, optimizer: Any, total_steps: int | None, lr_at: LRAt | None = None, *, final: bool = True
     ) -> LRSchedule | None:
@@ -338,7 +357,7 @@ class ScheduleWatch:
                 position = _position(scheduler)
                 steps = self.steps_per_epoch
                 start = position * steps if position is not None else self._copied_at
-                answer = _read(scheduler, shadow, total_steps, steps_per_epoch=steps, start=start)
+                answer = _read(scheduler, shadow, total_steps, steps_per_epoch=steps, start=start, observed=self._taken)
         except ScheduleUnknown as err:
             if not final:
                 return None

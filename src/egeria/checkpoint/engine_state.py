@@ -91,6 +91,9 @@ class Checkpointing:
             "steps": self.steps,
             "total_steps": self.total_steps,
             "lr_cadence": self._schedule.steps_per_epoch,  # optimizer steps per scheduler step, once learnt
+            # the learning rates of the steps taken, once the schedule is known: a resumed run's
+            # schedule holds them (its jumps and peak are the uninterrupted run's)
+            "lr_taken": None if (taken := self._schedule.taken(self.steps)) is None else encode_tensor(taken),
             "module_flops": self._layers.module_flops(prefix.partition),  # for the cap of a run resumed before a forward
             "frozen": prefix.count,
             "events": [d.to_dict() for d in self.events],
@@ -173,6 +176,7 @@ class Checkpointing:
         if self.total_steps is None and state.get("total_steps") is not None:
             self.total_steps = state["total_steps"]
         self._schedule.assume_cadence(state.get("lr_cadence"))
+        self._schedule.assume_taken(None if state.get("lr_taken") is None else decode_tensor(state["lr_taken"]))
         self._release()
         self._layers.restore(partition, flops)
         self._prefix = None

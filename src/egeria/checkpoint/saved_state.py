@@ -21,6 +21,7 @@ from torch import nn
 from ..averaging import average_dtype
 from ..decision import Decision
 from ..partition import Partition
+from .serialization import decode_tensor
 from .statecheck import (
     StateError,
     anything,
@@ -43,6 +44,16 @@ STEPS = integer(0, 2**63 - 1)
 
 _NAMES = items(text(), most=1_000_000)
 _PARTITION = items(record({"name": text(), "blocks": _NAMES, "params": _NAMES}), most=100_000)
+
+
+def _lr_taken(value: Any, path: str) -> None:
+    """The learning rates of the steps taken (float64, one a step), each finite and at least 0."""
+    encoded_tensor(dtype=torch.float64)(value, path)
+    if len(value["shape"]) != 1:
+        raise StateError(f"{path}.shape", value["shape"], "is not one learning rate a step (1-D)")
+    lrs = decode_tensor(value)
+    if not bool(torch.isfinite(lrs).all()) or bool((lrs < 0).any()):
+        raise StateError(path, "...", "holds a learning rate that is negative or not finite")
 
 
 def _digest(state: dict) -> str | None:
@@ -112,6 +123,7 @@ def check_saved_state(
                 "steps": STEPS,
                 "total_steps": optional(integer(1, 2**63 - 1)),
                 "lr_cadence": optional(integer(1, 2**63 - 1)),
+                "lr_taken": optional(_lr_taken),
                 "module_flops": optional(items(number(0))),
                 "frozen": integer(0),
                 "events": items(anything),
@@ -120,7 +132,7 @@ def check_saved_state(
                 "average": optional(mapping(anything)),
                 "digest": text(pattern="[0-9a-f]{64}"),
             },
-            optional=("total_steps", "lr_cadence", "module_flops", "average", "digest"),
+            optional=("total_steps", "lr_cadence", "lr_taken", "module_flops", "average", "digest"),
         ),
     )
     if "digest" in state and state["digest"] != _digest(state):
