@@ -38,10 +38,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 #: The matrix of use 2: run name -> (channels-last weights, EgeriaConfig overrides).
-MATRIX = {
-    **{f"default-{i}": (False, {}) for i in (1, 2, 3)},
-    **{f"channels-last-{i}": (True, {}) for i in (1, 2, 3)},
-    **{f"n{n}": (False, {"eval_interval": n}) for n in (10, 20, 40)},
+MATRIX = {  # in the order they run: one of each kind first
+    "default-1": (False, {}), "channels-last-1": (True, {}), "n10": (False, {"eval_interval": 10}),
+    "n40": (False, {"eval_interval": 40}), "default-2": (False, {}), "channels-last-2": (True, {}),
+    "n20": (False, {"eval_interval": 20}), "default-3": (False, {}), "channels-last-3": (True, {}),
 }
 
 

@@ -129,7 +129,8 @@ def test_a_run_whose_front_never_settles_says_what_it_read_at_its_last_step(capl
     # the conditions that blocked, with their figures, and none that held: at the last step no
     # drift is still to come (the horizon holds), the slope had not settled and the learning
     # rate, constant, never came down to the bound
-    assert front["stale"] < 3 and f"for {front['stale']} of W=3 readings" in found[0]
+    span = eg.policy.spans.span  # W x D steps: 3 x 1 here
+    assert front["stale_steps"] < span and f"for {front['stale_steps']} of the span's {span} steps" in found[0]
     assert "horizon" not in found[0] and front["outlook_share"] == 0
     assert "learning rate 1 of its peak, above the 0.01 that speed='safe' allows" in found[0]
     assert "the schedule never comes down that low" in found[0]
