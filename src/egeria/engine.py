@@ -43,6 +43,7 @@ from .knowledge.unfreezing import UnfreezeRule, current_lr
 from .layers import RunLayers
 from .lr_schedule import LRAt, ScheduleWatch
 from .modes import OwnPasses
+from .optimizer_state import ReleasedState
 from .partition import Partition, check_blocks, find_blocks
 from .policies import Binding, FreezePolicy, Move, PolicyView, StepInfo, as_move, policy_for
 from .signals import TensorBoardSignals, scalars
@@ -391,6 +392,8 @@ class Egeria(Checkpointing, CacheLoading):
         partition = self.partition
         if self._prefix is None:
             self._prefix = FrozenPrefix(self.model, partition, self._frozen_changed)
+            if self.config.release_optimizer_state:
+                self._prefix.optimizer_state = ReleasedState(self.optimizer)
             if self._average_settings is not None:
                 self._prefix.average = FreezeToAverage(
                     self.model, partition, self._prefix.trainable, self._average_span(partition)
@@ -480,6 +483,8 @@ class Egeria(Checkpointing, CacheLoading):
                 self._prefix.move_to(0)
             if self._prefix.average is not None:
                 self._prefix.average.unfreeze()  # a BatchNorm re-estimate under way ends where it is
+            if self._prefix.optimizer_state is not None:
+                self._prefix.optimizer_state.close()  # modules left frozen get their optimizer state back
             self._prefix.release_locks(False)  # frozen modules stay in eval mode until the user's next train()
 
     def __enter__(self) -> Egeria:
