@@ -42,6 +42,7 @@ from .knowledge.mainguard import refuse_in_reimported_main
 from .knowledge.unfreezing import UnfreezeRule, current_lr
 from .layers import RunLayers
 from .lr_schedule import LRAt, ScheduleWatch
+from .memory import MemoryMeter, cache_bytes
 from .modes import OwnPasses
 from .optimizer_state import ReleasedState
 from .partition import Partition, check_blocks, find_blocks
@@ -191,6 +192,9 @@ class Egeria(Checkpointing, CacheLoading):
         # the config's cap, a policy object where it says so
         self._layers = RunLayers(model, blocks, self.config, capped=policy is None or self._asks.capped_by_config)
         self._losses = OutputLosses(model, self._own.is_active)  # the loss a model's output carries
+        # memory by part, on sampled steps and around each change (egeria.memory)
+        self._memory = MemoryMeter(model, optimizer, self._own.is_active, self._memory_context,
+                                   activations=not self._compiled)
         if example_inputs is not None:
             if not isinstance(example_inputs, tuple):
                 raise ValueError(
@@ -249,7 +253,8 @@ class Egeria(Checkpointing, CacheLoading):
         """Egeria's scalars now as one flat dict, every name under ``egeria/``: the frozen
         modules and their share of the parameters and of the backward FLOPs, the latest
         plasticity of each module read, the controller's readings sent, answered, dropped
-        and late, and Egeria's share of the step time (:mod:`egeria.signals`)."""
+        and late, Egeria's share of the step time, and the latest measured memory by part
+        (:mod:`egeria.signals`, :mod:`egeria.memory`)."""
         partition = None
         if self._layers.known and self._layers.error is None:
             partition = self.partition
@@ -259,7 +264,24 @@ class Egeria(Checkpointing, CacheLoading):
             None if partition is None else self._layers.module_flops(partition),
             self.history,
             self.controller_stats,
+            self._memory.rows[-1] if self._memory.rows else None,
         )
+
+    @property
+    def memory_history(self) -> list[dict]:
+        """Memory by part (bytes, :mod:`egeria.memory`) of each measured step and just before
+        each freeze or unfreeze: step, frozen (modules), parameters, gradients,
+        optimizer_state, optimizer_state_released, activations, activation_cache,
+        activation_cache_disk, and on CUDA cuda_allocated and cuda_max_allocated."""
+        return list(self._memory.rows)
+
+    def _memory_context(self) -> tuple[int, int, dict]:
+        """The frozen count, the released optimizer state's bytes and the cache's bytes by tier."""
+        prefix = self._prefix
+        if prefix is None:
+            return 0, 0, cache_bytes({})
+        released = prefix.optimizer_state.nbytes if prefix.optimizer_state is not None else 0
+        return prefix.count, released, cache_bytes(self.cache_stats)
 
     def set_schedule(self, *, total_steps: int | None = None, lr_scheduler: Any = None) -> None:
         """Gives the run's length and its learning-rate scheduler once they are known (a
@@ -322,6 +344,7 @@ class Egeria(Checkpointing, CacheLoading):
         info = StepInfo(
             self.steps, self.total_steps, prefix.count, partition.freezable, current_lr(self.optimizer), loss_value
         )
+        self._memory.boundary(self.steps)
         move = self._decide(info)
         if self._ranks is not None:
             move = self._ranks.agree(move, self.steps, lambda: self._ranks.summary(self.model, prefix, self.policy.name))
@@ -377,7 +400,12 @@ class Egeria(Checkpointing, CacheLoading):
                 self.steps, self.policy.name, list(move.modules), move.frozen, self._prefix.count, list(adds),
             )
             return
-        for action, names in self._prefix.move_to(move.frozen):
+        if max(0, min(move.frozen, self._prefix.partition.freezable)) != self._prefix.count:
+            self._memory.changing(self.steps)
+        changes = self._prefix.move_to(move.frozen)
+        if changes:
+            self._memory.changed()
+        for action, names in changes:
             evaluated_at = move.evaluated_at if action == "freeze" else None
             self._record(Decision(self.steps, action, names, move.reason, evaluated_at))
 
@@ -460,6 +488,7 @@ class Egeria(Checkpointing, CacheLoading):
         self._release(unfreeze=unfreeze)
         self._layers.stop_tracing()
         self._losses.remove()
+        self._memory.remove()
         self._counter.remove()
         if self._cache is not None:
             self._cache.close()
