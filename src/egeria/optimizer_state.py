@@ -17,8 +17,9 @@ takes that state out of ``optimizer.state`` at a freeze and holds it for Egeria:
 
 The optimizer's param groups are never changed. Its ``state_dict()`` still holds the
 released state (a state-dict post-hook puts it back into the dict it returns, as host
-tensors, which ``load_state_dict`` moves to each parameter's device, or as the shard's
-``DTensor`` under FSDP2), so a checkpoint saved while the front is frozen loads in code
+tensors, which ``load_state_dict`` moves to each parameter's device, or under FSDP2 as the
+shard's ``DTensor``, which DCP needs: on an accelerator that copy is on the device for as long
+as the returned dict lives), so a checkpoint saved while the front is frozen loads in code
 without the release, and one saved without it loads here: after ``load_state_dict`` a
 load post-hook takes the loaded state of the parameters frozen now and releases it again.
 

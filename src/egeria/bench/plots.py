@@ -221,6 +221,7 @@ def plot_memory(task: str, runs: list[dict], out: Path, name: str | None = None)
     from ..memory import PARTS
 
     fig = _new_figure(len(runs), 1, height=3.2)
+    fig.subplots_adjust(hspace=0.5)
     top = max(sum(row.get(p) or 0 for p in PARTS) for r in runs for row in r["memory"]) / 2**20
     for i, r in enumerate(runs):
         ax = fig.add_subplot(len(runs), 1, i + 1)
