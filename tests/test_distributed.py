@@ -90,3 +90,15 @@ def test_freezing_to_the_average_gives_every_rank_the_same_weights_and_statistic
     assert zero["settled"] == one["settled"] == [0, 0] + [1] * 10 + [2] * 4
     assert torch.equal(zero["weights"], one["weights"])
     assert torch.equal(zero["buffers"], one["buffers"])
+
+
+def test_releasing_optimizer_state_under_ddp_changes_no_bit_through_a_resume_and_an_unfreeze(tmp_path):
+    zero, one = _spawn(ddp_workers.optimizer_state_release, tmp_path)
+    for rank in (zero, one):
+        release, keep = rank["release"], rank["keep"]
+        assert release["events"] == keep["events"] == ["unfreeze", "freeze"]
+        assert release["held_while_frozen"] == release["held_after_resume"] == 0  # out of the optimizer
+        assert keep["held_while_frozen"] > 0
+        assert torch.equal(release["weights"], keep["weights"])
+        assert torch.equal(release["state"], keep["state"])
+    assert torch.equal(zero["release"]["weights"], one["release"]["weights"])

@@ -97,6 +97,11 @@ def test_fsdp2_resumed_through_dcp_equals_the_uninterrupted_run_unfreeze_include
             # Bit-identical: the frozen stem's AdamW moments survived the load, so its
             # training after the unfreeze is the uninterrupted run's.
             assert torch.equal(resumed["weights"], whole["weights"])
+            # Each rank's shards of the frozen stem's AdamW state were out of the optimizer
+            # when saved and again after the load (egeria.optimizer_state).
+            assert resumed["held_at_save"] == resumed["held_after_load"] == 0
+        # Releasing that state changes no bit: the same run keeping it in the optimizer.
+        assert torch.equal(rank["kept"]["weights"], whole["weights"])
         # The rollback loaded into a model whose stem was frozen again (with blocks.0): the
         # optimizer state of every parameter loaded all the same.
         assert rank["rolled_back"]["frozen_before_load"] == ["stem.0", "stem.1..stem.2", "blocks.0"]

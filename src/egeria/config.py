@@ -224,6 +224,12 @@ class EgeriaConfig:
     cpu_threshold: float | None = 0.5
     """The controller runs a reference forward pass only while other processes use less
     than this share of the machine's CPU time (the paper's 50%); None never waits."""
+    release_optimizer_state: bool = True
+    """At a freeze, take the frozen parameters' optimizer state (Adam's moments, SGD's
+    momentum) out of the optimizer: off the accelerator into host memory, given back
+    unchanged at an unfreeze, so training is bit for bit the same; on a CPU run it frees
+    nothing (egeria.optimizer_state, docs/decisions/039-optimizer-state-release.md).
+    False keeps it in the optimizer (an optimizer that reads every parameter's state)."""
     _from_rule: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
     """The rule-dependent fields that were left at None and took the rule's values (so
     that replace() with another rule takes that rule's)."""
@@ -295,6 +301,10 @@ class EgeriaConfig:
                 f"{', '.join(map(repr, ACTIVATION_MODES))}"
             )
         _check_modules(self.modules)
+        if not isinstance(self.release_optimizer_state, bool):
+            raise ValueError(
+                f"EgeriaConfig.release_optimizer_state={self.release_optimizer_state!r} must be True or False"
+            )
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"EgeriaConfig.start_method={self.start_method!r} is not one of {START_METHODS!r}"

@@ -42,7 +42,9 @@ from .knowledge.mainguard import refuse_in_reimported_main
 from .knowledge.unfreezing import UnfreezeRule, current_lr
 from .layers import RunLayers
 from .lr_schedule import LRAt, ScheduleWatch
+from .memory import MemoryMeter, cache_bytes
 from .modes import OwnPasses
+from .optimizer_state import ReleasedState
 from .partition import Partition, check_blocks, find_blocks
 from .policies import Binding, FreezePolicy, Move, PolicyView, StepInfo, as_move, policy_for
 from .signals import TensorBoardSignals, scalars
@@ -190,6 +192,9 @@ class Egeria(Checkpointing, CacheLoading):
         # the config's cap, a policy object where it says so
         self._layers = RunLayers(model, blocks, self.config, capped=policy is None or self._asks.capped_by_config)
         self._losses = OutputLosses(model, self._own.is_active)  # the loss a model's output carries
+        # memory by part, on sampled steps and around each change (egeria.memory)
+        self._memory = MemoryMeter(model, optimizer, self._own.is_active, self._memory_context,
+                                   activations=not self._compiled)
         if example_inputs is not None:
             if not isinstance(example_inputs, tuple):
                 raise ValueError(
@@ -249,7 +254,8 @@ class Egeria(Checkpointing, CacheLoading):
         """Egeria's scalars now as one flat dict, every name under ``egeria/``: the frozen
         modules and their share of the parameters and of the backward FLOPs, the latest
         plasticity of each module read, the controller's readings sent, answered, dropped
-        and late, and Egeria's share of the step time (:mod:`egeria.signals`)."""
+        and late, Egeria's share of the step time, and the latest measured memory by part
+        (:mod:`egeria.signals`, :mod:`egeria.memory`)."""
         partition = None
         if self._layers.known and self._layers.error is None:
             partition = self.partition
@@ -259,7 +265,24 @@ class Egeria(Checkpointing, CacheLoading):
             None if partition is None else self._layers.module_flops(partition),
             self.history,
             self.controller_stats,
+            self._memory.rows[-1] if self._memory.rows else None,
         )
+
+    @property
+    def memory_history(self) -> list[dict]:
+        """Memory by part (bytes, :mod:`egeria.memory`) of each measured step and just before
+        each freeze or unfreeze: step, frozen (modules), parameters, gradients,
+        optimizer_state, optimizer_state_released, activations, activation_cache,
+        activation_cache_disk, and on CUDA cuda_allocated and cuda_max_allocated."""
+        return list(self._memory.rows)
+
+    def _memory_context(self) -> tuple[int, int, dict]:
+        """The frozen count, the released optimizer state's bytes and the cache's bytes by tier."""
+        prefix = self._prefix
+        if prefix is None:
+            return 0, 0, cache_bytes({})
+        released = prefix.optimizer_state.nbytes if prefix.optimizer_state is not None else 0
+        return prefix.count, released, cache_bytes(self.cache_stats)
 
     def set_schedule(self, *, total_steps: int | None = None, lr_scheduler: Any = None) -> None:
         """Gives the run's length and its learning-rate scheduler once they are known (a
@@ -322,6 +345,7 @@ class Egeria(Checkpointing, CacheLoading):
         info = StepInfo(
             self.steps, self.total_steps, prefix.count, partition.freezable, current_lr(self.optimizer), loss_value
         )
+        self._memory.boundary(self.steps)
         move = self._decide(info)
         if self._ranks is not None:
             move = self._ranks.agree(move, self.steps, lambda: self._ranks.summary(self.model, prefix, self.policy.name))
@@ -377,7 +401,12 @@ class Egeria(Checkpointing, CacheLoading):
                 self.steps, self.policy.name, list(move.modules), move.frozen, self._prefix.count, list(adds),
             )
             return
-        for action, names in self._prefix.move_to(move.frozen):
+        if max(0, min(move.frozen, self._prefix.partition.freezable)) != self._prefix.count:
+            self._memory.changing(self.steps)
+        changes = self._prefix.move_to(move.frozen)
+        if changes:
+            self._memory.changed()
+        for action, names in changes:
             evaluated_at = move.evaluated_at if action == "freeze" else None
             self._record(Decision(self.steps, action, names, move.reason, evaluated_at))
 
@@ -392,6 +421,8 @@ class Egeria(Checkpointing, CacheLoading):
         partition = self.partition
         if self._prefix is None:
             self._prefix = FrozenPrefix(self.model, partition, self._frozen_changed)
+            if self.config.release_optimizer_state:
+                self._prefix.optimizer_state = ReleasedState(self.optimizer)
             if self._average_settings is not None:
                 self._prefix.average = FreezeToAverage(
                     self.model, partition, self._prefix.trainable, self._average_span(partition)
@@ -458,6 +489,7 @@ class Egeria(Checkpointing, CacheLoading):
         self._release(unfreeze=unfreeze)
         self._layers.stop_tracing()
         self._losses.remove()
+        self._memory.remove()
         self._counter.remove()
         if self._cache is not None:
             self._cache.close()
@@ -481,6 +513,8 @@ class Egeria(Checkpointing, CacheLoading):
                 self._prefix.move_to(0)
             if self._prefix.average is not None:
                 self._prefix.average.unfreeze()  # a BatchNorm re-estimate under way ends where it is
+            if self._prefix.optimizer_state is not None:
+                self._prefix.optimizer_state.close()  # modules left frozen get their optimizer state back
             self._prefix.release_locks(False)  # frozen modules stay in eval mode until the user's next train()
 
     def __enter__(self) -> Egeria:

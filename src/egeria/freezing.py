@@ -33,6 +33,7 @@ from .partition import Partition
 
 if TYPE_CHECKING:
     from .averaging import FreezeToAverage
+    from .optimizer_state import ReleasedState
 
 __all__ = ["freeze_parameters", "unfreeze_parameters", "detach_output", "EvalLock", "FrozenPrefix"]
 
@@ -96,6 +97,9 @@ class FrozenPrefix:
 
     ``average`` (a :class:`~egeria.averaging.FreezeToAverage`, None by default) gives each
     module its averaged weights as it freezes and restarts the averages at an unfreeze.
+    ``optimizer_state`` (a :class:`~egeria.optimizer_state.ReleasedState`, None by default)
+    takes the optimizer state of the parameters a freeze stops out of the optimizer and
+    gives it back before they train again.
     """
 
     def __init__(self, model: nn.Module, partition: Partition, on_change: Callable[[int], None] | None = None) -> None:
@@ -109,6 +113,7 @@ class FrozenPrefix:
         self._detached: list[RemovableHandle] = []  # hooks on tied embeddings of frozen modules
         self.count = 0
         self.average: FreezeToAverage | None = None
+        self.optimizer_state: ReleasedState | None = None
 
     @property
     def names(self) -> list[str]:
@@ -143,7 +148,10 @@ class FrozenPrefix:
 
     def _freeze_next(self) -> None:
         module = self.partition.modules[self.count]
-        freeze_parameters(self._params[p] for p in module.params if p in self.trainable)
+        params = [self._params[p] for p in module.params if p in self.trainable]
+        freeze_parameters(params)
+        if self.optimizer_state is not None:
+            self.optimizer_state.release(params)
         self._locks.extend(EvalLock(self.model.get_submodule(b)) for b in module.blocks)
         if self.average is not None:
             # after the eval locks: a BatchNorm's re-estimate hook must run after a lock's on it
@@ -155,7 +163,10 @@ class FrozenPrefix:
 
     def _unfreeze_all(self) -> None:
         for module in self.partition.modules[: self.count]:
-            unfreeze_parameters(self._params[p] for p in module.params if p in self.trainable)
+            params = [self._params[p] for p in module.params if p in self.trainable]
+            if self.optimizer_state is not None:
+                self.optimizer_state.restore(params)
+            unfreeze_parameters(params)
         if self.average is not None:
             self.average.unfreeze()  # before the locks go: their release gives the modules the model's mode
         self.release_locks(self.model.training)

@@ -14,7 +14,11 @@ The scalars, every name under ``egeria/``:
 - ``readings_sent``, ``readings_answered``, ``readings_dropped``: the controller's
   evaluations (Egeria's policy);
 - ``overhead_share``: Egeria's own time on the training thread over the run's (Egeria's
-  policy, once measured).
+  policy, once measured);
+- ``memory/<part>``: bytes of each memory part at the latest measured step
+  (:mod:`egeria.memory`: parameters, gradients, optimizer_state,
+  optimizer_state_released, activations, activation_cache, activation_cache_disk, and on
+  CUDA cuda_allocated and cuda_max_allocated), those measured.
 
 The HF and Lightning callbacks (:mod:`egeria.integrations`) hand the same dict to the
 Trainer's loggers.
@@ -35,12 +39,17 @@ PREFIX = "egeria/"
 
 
 def scalars(
-    frozen: int, params: list[int] | None, flops: list[float] | None, history: list[dict], stats: dict
+    frozen: int,
+    params: list[int] | None,
+    flops: list[float] | None,
+    history: list[dict],
+    stats: dict,
+    memory: dict | None = None,
 ) -> dict[str, float]:
     """Egeria's scalars (see the module's docstring) from ``frozen`` (the count of frozen
     leading modules), each layer module's parameters and weight FLOPs (None while unknown),
-    the plasticity ``history`` and the ``controller_stats``; :meth:`egeria.Egeria.metrics`
-    gathers them."""
+    the plasticity ``history``, the ``controller_stats`` and the latest ``memory`` row
+    (:attr:`egeria.Egeria.memory_history`); :meth:`egeria.Egeria.metrics` gathers them."""
     out = {"frozen_modules": float(frozen)}
     if params is not None:
         out["frozen_params_share"] = _share(params, frozen)
@@ -55,6 +64,9 @@ def scalars(
         share = (stats.get("overhead") or {}).get("share")
         if share is not None:
             out["overhead_share"] = float(share)
+    for part, value in (memory or {}).items():
+        if part not in ("step", "frozen") and isinstance(value, (int, float)):
+            out[f"memory/{part}"] = float(value)
     return {PREFIX + name: value for name, value in out.items()}
 
 

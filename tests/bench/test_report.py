@@ -84,6 +84,14 @@ def _run(
     return {**run, "format": 2}
 
 
+#: Memory rows of a run (egeria.memory): before and after its front froze at step 20.
+MEMORY = [
+    {"step": s, "frozen": f, "parameters": 400, "gradients": g, "optimizer_state": o, "optimizer_state_released": r,
+     "activations": a, "activation_cache": 0, "activation_cache_disk": 0}
+    for s, f, g, o, r, a in [(1, 0, 400, 800, 0, 1000), (20, 0, 400, 800, 0, 1000), (21, 1, 300, 600, 200, None)]
+]
+
+
 def _suite() -> list[dict]:
     acc = "resnet-fmnist"
     ppl = "transformer-ptb"
@@ -98,8 +106,8 @@ def _suite() -> list[dict]:
         # Plain, seed 1: final 0.88, so the seed-to-seed spread is 0.02.
         _run(acc, "none", 1, [11, 22, 33, 44], [0.5, 0.7, 0.84, 0.88], 1000.0),
         # Egeria reaches 0.90 first at 24 s (0.91), then ends at 0.905: within seed noise.
-        _run(acc, "egeria", 0, [8, 16, 24, 32], [0.5, 0.72, 0.91, 0.905], 800.0,
-             shares=[1.0, 0.9, 0.7, 0.3], plasticity=plasticity),  # fmt: skip
+        {**_run(acc, "egeria", 0, [8, 16, 24, 32], [0.5, 0.72, 0.91, 0.905], 800.0,
+                shares=[1.0, 0.9, 0.7, 0.3], plasticity=plasticity), "memory": MEMORY},  # fmt: skip
         # FreezeOut never reaches 0.90 (0.85 final): not reached, and outside seed noise.
         _run(acc, "freezeout", 0, [6, 12, 18, 24], [0.5, None, 0.8, 0.85], 500.0, shares=[1.0, 0.8, 0.5, 0.2]),
         # Perplexity (lower is better): plain converges to 120 at 20 s; one seed only.
@@ -245,6 +253,9 @@ def test_files_written(report: tuple[dict, Path]) -> None:
                  "transformer-ptb-trainable-share.png"]:  # fmt: skip
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
     assert not (out / "transformer-ptb-plasticity.png").exists()  # no plasticity data there
+    assert (out / "resnet-fmnist-memory.png").read_bytes()[:8] == PNG_MAGIC  # one run recorded memory
+    assert not (out / "transformer-ptb-memory.png").exists()
+    assert rep["tasks"]["resnet-fmnist"]["plots"]["memory"] == "resnet-fmnist-memory.png"
     md = (out / "report.md").read_text()
     assert "](resnet-fmnist-plasticity.png)" in md and "](transformer-ptb-metric-vs-time.png)" in md
     assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(rep))

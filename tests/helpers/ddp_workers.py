@@ -7,6 +7,7 @@ barrier, then the process group destroyed while every rank is still there."""
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import gc
 import os
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import egeria
-from tiny import Chain, batches, quick_config
+from tiny import Chain, Plan, batches, quick_config
 
 
 def run(rank: int, world: int, init_file: str, out: str, worker_name: str) -> None:
@@ -251,3 +252,48 @@ def freeze_to_average(rank: int, world: int, out: str) -> None:
                 "weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
                 "buffers": torch.cat([b.detach().double().flatten() for b in model.buffers()])}, f"{out}/rank{rank}.pt")
     eg.close()
+
+
+def _release_run(rank: int, world: int, release: bool) -> dict:
+    """AdamW under DDP with a scripted plan: the front two freeze at step 4, a checkpoint at
+    step 10 resumes into a fresh DDP model, all unfreeze at step 14, three freeze at step 18;
+    ``release`` takes the frozen parameters' state out of the optimizer."""
+    plan = {4: 2, 14: 0, 18: 3}
+    config = egeria.EgeriaConfig(release_optimizer_state=release)
+    data = batches(2, seed=rank + 1) * 11  # each rank its own data
+    sent: list[int] = []
+    torch.manual_seed(0)
+    model = Chain()
+    ddp = _ddp(model, sent, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    eg = egeria.Egeria(ddp, opt, policy=Plan(plan), config=config)
+    for x, y in data[:10]:
+        _step(ddp, opt, eg, x, y, sent)
+    out = {"held_while_frozen": sum(p in opt.state for p in _frozen_params(model, eg))}
+    saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), eg.state_dict())
+    eg.close()
+
+    torch.manual_seed(100 + rank)
+    model = Chain()
+    model.load_state_dict(saved[0])
+    ddp = _ddp(model, sent, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt.load_state_dict(saved[1])
+    eg = egeria.Egeria(ddp, opt, policy=Plan(plan), config=config)
+    eg.load_state_dict(saved[2])
+    out["held_after_resume"] = sum(p in opt.state for p in _frozen_params(model, eg))
+    events = []
+    for x, y in data[10:]:
+        events += [d.action for d in _step(ddp, opt, eg, x, y, sent)[0]]
+    out["events"] = events
+    out["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    state = opt.state_dict()["state"]
+    out["state"] = torch.cat([state[k][name].flatten().float() for k in sorted(state) for name in sorted(state[k])])
+    eg.close()
+    return out
+
+
+def optimizer_state_release(rank: int, world: int, out: str) -> None:
+    """The same DDP run with and without the release of optimizer state."""
+    record = {"release": _release_run(rank, world, True), "keep": _release_run(rank, world, False)}
+    torch.save(record, f"{out}/rank{rank}.pt")

@@ -135,21 +135,24 @@ def freeze_unfreeze(rank: int, world: int, out: str) -> dict:
     return record
 
 
-def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False) -> dict:
+def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False, release: bool = True) -> dict:
     """:data:`STEPS` AdamW steps under :data:`PLAN` (unfreezing at 3); with ``stop``, saved
     through DCP after step ``stop`` and resumed into a fresh model, optimizer and Egeria, or
     with ``rollback`` into the same ones after two more steps (whose freeze holds the saved
-    frozen modules and more as the checkpoint loads)."""
+    frozen modules and more as the checkpoint loads). ``release``: the frozen parameters'
+    optimizer state leaves the optimizer (egeria.optimizer_state)."""
     data = batches(STEPS, classes=CLASSES, seed=rank + 1)
     model = sharded_chain(0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-    eg = egeria.Egeria(model, opt, policy=Plan(PLAN))
+    config = egeria.EgeriaConfig(release_optimizer_state=release)
+    eg = egeria.Egeria(model, opt, policy=Plan(PLAN), config=config)
     record: dict = {}
     start = 0
     if stop is not None:
         for x, y in data[:stop]:
             _step(model, opt, eg, x, y)
         record["frozen_at_save"] = list(eg.frozen)
+        record["held_at_save"] = sum(p in opt.state for n, p in model.named_parameters() if n.startswith("stem."))
         folder = f"{out}/dcp-{'rollback' if rollback else 'fresh'}"
         dcp.save({"train": eg.dcp_state()}, checkpoint_id=folder)
         if rollback:
@@ -160,9 +163,10 @@ def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False
             eg.close()
             model = sharded_chain(100)  # other weights until the checkpoint loads
             opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-            eg = egeria.Egeria(model, opt, policy=Plan(PLAN))
+            eg = egeria.Egeria(model, opt, policy=Plan(PLAN), config=config)
         dcp.load({"train": eg.dcp_state()}, checkpoint_id=folder)
         record["frozen_after_load"] = list(eg.frozen)
+        record["held_after_load"] = sum(p in opt.state for n, p in model.named_parameters() if n.startswith("stem."))
         record["trainable_after_load"] = [n for n, p in model.named_parameters() if p.requires_grad]
         start = stop
     decisions = []
@@ -178,9 +182,11 @@ def _resumable_run(rank: int, out: str, stop: int | None, rollback: bool = False
 def resume_equals_uninterrupted(rank: int, world: int, out: str) -> dict:
     """The same run three times: uninterrupted; saved after step 2 (as the stem froze) and
     resumed afresh; saved there, trained to step 4 and rolled back into the same objects.
-    The unfreeze at step 3 and the freeze at step 4 come after the resume."""
+    The unfreeze at step 3 and the freeze at step 4 come after the resume. And once more
+    uninterrupted with the frozen parameters' optimizer state kept in the optimizer."""
     return {"uninterrupted": _resumable_run(rank, out, None), "resumed": _resumable_run(rank, out, 2),
-            "rolled_back": _resumable_run(rank, out, 2, rollback=True)}
+            "rolled_back": _resumable_run(rank, out, 2, rollback=True),
+            "kept": _resumable_run(rank, out, None, release=False)}
 
 
 #: Egeria's rule decides its first freezes within this many steps of the tests' Chain on a

@@ -381,6 +381,9 @@ def test_egerias_scalars_reach_the_trainers_tensorboard_and_log_history(tmp_path
     logged = [(h["step"], h["egeria/frozen_modules"]) for h in trainer.state.log_history if "loss" in h]
     assert logged == [(2, 0.0), (4, 1.0), (6, 1.0), (8, 1.0)]
     assert all("egeria/frozen_params_share" in h for h in trainer.state.log_history if "loss" in h)
+    # the frozen front's optimizer state left the optimizer at the freeze (egeria.memory)
+    released = [h["egeria/memory/optimizer_state_released"] > 0 for h in trainer.state.log_history if "loss" in h]
+    assert released == [False, True, True, True]
     scalars, texts = _tensorboard_events(tmp_path)
     assert scalars["train/egeria/frozen_modules"] == [(2, 0.0), (4, 1.0), (6, 1.0), (8, 1.0)]
     assert [s for s, _ in scalars["train/egeria/frozen_backward_flops_share"]] == [2, 4, 6, 8]

@@ -180,6 +180,8 @@ def test_egerias_scalars_and_decisions_reach_lightnings_tensorboard_logger(tmp_p
     # Lightning numbers a logged step from 0 (the batch after 1 optimizer step is step 1)
     assert frozen == [(1, 0.0), (3, 1.0), (5, 1.0), (7, 1.0)]
     assert [e.step for e in events.Scalars("egeria/frozen_params_share")] == [1, 3, 5, 7]
+    released = [(e.step, e.value > 0) for e in events.Scalars("egeria/memory/optimizer_state_released")]
+    assert released == [(1, False), (3, True), (5, True), (7, True)]
     texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors("egeria/decisions/text_summary")]
     assert texts == [(3, f"step 3: freeze stem.0 ({callback.egeria.events[0].reason})")]
 

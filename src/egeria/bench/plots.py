@@ -6,7 +6,10 @@
 - the share of the backward pass's FLOPs still computed over steps, against the first
   step with nothing frozen: a CNN's front holds few of its parameters but many of its
   FLOPs, so this share falls further than the parameters' one when the front freezes;
-- plasticity per module over steps, one panel per Egeria run (Figure 4).
+- plasticity per module over steps, one panel per Egeria run (Figure 4);
+- memory by part over steps (:mod:`egeria.memory`: parameters, gradients, optimizer state
+  held and released, saved activations, the cache's store), stacked, one panel per run
+  that recorded it.
 
 matplotlib is imported lazily and drawn on Agg canvases, without pyplot state.
 """
@@ -18,7 +21,7 @@ from typing import Any, Callable
 
 from .runfiles import layout_name, policy_label
 
-__all__ = ["plot_task", "policy_colour"]
+__all__ = ["plot_task", "plot_memory", "policy_colour"]
 
 # one colour per policy in every speed-against-accuracy plot (the report's frontier,
 # freeze_cost.py's and frontier.py's): plain black, Egeria blue (in frontier.py's, under the
@@ -170,6 +173,9 @@ def plot_task(task: str, groups: dict[str, list[dict]], data: dict, out: Path) -
     with_plasticity = [r for runs in groups.values() for r in runs if r.get("plasticity")]
     if with_plasticity:
         files["plasticity"] = _plasticity(task, with_plasticity, out)
+    with_memory = [r for runs in groups.values() for r in runs if r.get("memory")]
+    if with_memory:
+        files["memory"] = plot_memory(task, with_memory, out)
     return files
 
 
@@ -207,3 +213,29 @@ def _plasticity(task: str, runs: list[dict], out: Path) -> str:
             ax.legend(fontsize="x-small", ncol=2)
         ax.grid(alpha=0.3, which="both")
     return _save(fig, out, f"{task}-plasticity.png")
+
+
+def plot_memory(task: str, runs: list[dict], out: Path, name: str | None = None) -> str:
+    """Memory by part over the run (MiB, stacked; a part not measured at a row counts 0
+    there), one panel per run, on one scale; writes ``<task>-memory.png`` (or ``name``)."""
+    from ..memory import PARTS
+
+    fig = _new_figure(len(runs), 1, height=3.2)
+    fig.subplots_adjust(hspace=0.5)
+    top = max(sum(row.get(p) or 0 for p in PARTS) for r in runs for row in r["memory"]) / 2**20
+    for i, r in enumerate(runs):
+        ax = fig.add_subplot(len(runs), 1, i + 1)
+        rows = r["memory"]
+        steps = [row["step"] for row in rows]
+        ax.stackplot(steps, *[[(row.get(p) or 0) / 2**20 for row in rows] for p in PARTS],
+                     labels=[p.replace("_", " ") for p in PARTS], step="post")
+        for event in r.get("events", []):
+            if event.get("action") in ("freeze", "unfreeze"):
+                ax.axvline(event["step"], color="black", linestyle=":", linewidth=0.8)
+        ax.set_ylim(0, top * 1.05 if top > 0 else 1)
+        ax.set_xlabel("training step (dotted: a freeze or unfreeze)")
+        ax.set_ylabel("MiB")
+        ax.set_title(f"{task}: memory by part, {_run_label(r)}, layout {layout_name(r)}")
+        ax.legend(fontsize="x-small", loc="upper right", ncol=2)
+        ax.grid(alpha=0.3)
+    return _save(fig, out, name or f"{task}-memory.png")

@@ -23,7 +23,10 @@ by side, with what the paper's section 6 shows:
   seed-to-seed spread (max - min) of the plain runs (unknown with a single plain seed);
 - one side-by-side table of the layouts' final metrics, TTAs, speedups and efficiencies;
 - figures (:mod:`egeria.bench.plots`): metric against wall time, trainable parameter
-  share and backward FLOPs share over steps, one panel per layout; plasticity per module.
+  share and backward FLOPs share over steps, one panel per layout; plasticity per module;
+  memory by part over steps, one panel per run whose file has ``memory`` rows
+  (:mod:`egeria.memory`: parameters, gradients, optimizer state held and released, saved
+  activations, the cache's store).
 
 The MLPerf-style target, fixed from the plain seeds of the task and layout alone (no other
 run moves it), by one rule for every task (:func:`egeria.bench.targets.mlperf_target`):

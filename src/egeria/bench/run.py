@@ -226,6 +226,7 @@ def _run(
             "records": records,
             "events": [d.to_dict() for d in eg.events],
             "plasticity": eg.history,
+            "memory": eg.memory_history,  # bytes by part, sampled and around each change (egeria.memory)
             "controller": eg.controller_stats,
             "cache_stats": _cache_summary(eg) if cache else None,
             "final": {

@@ -389,6 +389,7 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         "records": records,
         "events": [d.to_dict() for d in eg.events],
         "plasticity": eg.history,
+        "memory": eg.memory_history,  # bytes by part, sampled and around each change (egeria.memory)
         "controller": eg.controller_stats,
         "cache_stats": eg.cache_stats if cache else None,
         "final": {

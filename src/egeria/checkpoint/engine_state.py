@@ -169,7 +169,11 @@ class Checkpointing:
             self._agree_to_load(err)
             raise
         self._agree_to_load(None)
-        changed = {k: (v, state["config"].get(k)) for k, v in self.config.to_dict().items() if state["config"].get(k) != v}
+        # a field the saved config lacks is newer than the checkpoint: not a difference
+        changed = {
+            k: (v, state["config"][k]) for k, v in self.config.to_dict().items()
+            if k in state["config"] and state["config"][k] != v
+        }
         if changed:
             logger.warning("Egeria config differs from the saved one (now, saved): %s", changed)
         # Checked: nothing above changed this Egeria; from here on it takes the state.
