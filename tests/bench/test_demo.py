@@ -85,8 +85,18 @@ def test_quick_demo_via_cli_writes_png_and_json_with_every_run(tmp_path: Path, c
         identical = summary["identical_losses_through_step"]
         assert identical >= first_freeze if first_freeze is not None else identical == result["total_steps"]
 
+    # What training holds beyond the weights at the end: a gradient per parameter still
+    # training and the optimizer's state (SGD's momentum); Egeria releases a frozen module's.
+    model_bytes = result["runs"]["plain"]["memory"]["gradients"]
+    assert result["runs"]["plain"]["memory"]["optimizer_state"] == model_bytes > 0  # one momentum buffer each
+    for name in ("egeria", "fast"):
+        memory, frozen = result["runs"][name]["memory"], result["runs"][name]["frozen_at_end"]
+        assert (memory["gradients"] < model_bytes) == bool(frozen), name
+        assert memory["optimizer_state"] == memory["gradients"], name
+
     out = capsys.readouterr().out
     assert out.startswith("command: egeria demo --quick")
+    assert "gradients + optimizer state at the end" in out
     assert "machine: " in out and "final test accuracy" in out
     assert "Egeria (default)" in out and "Egeria speed='fast'" in out and "wall-time speedup" in out
     assert "(99% of plain's gain)" in out and "MLPerf-style target" in out and "final test accuracy (500 images)" in out

@@ -44,6 +44,7 @@ from ..checks import check_int
 from ..config import EgeriaConfig
 from ..engine import Egeria
 from ..knowledge.quantization import bf16_kind
+from ..optimizer_state import state_bytes, tensor_bytes
 from .allocator import can_fix_heap, heap_state, steady_heap
 from .harness import StepResult, classification_loss, train
 from .machine import describe_machine, training_device
@@ -363,6 +364,7 @@ def _train(
     step_times = [r.time_s for r in steps]
     record = {
         "heap": heap_state(),
+        "memory": _training_memory(model, optimizer),
         "epochs": epochs,
         "train_time_s": train_time,
         "final_accuracy": epochs[-1]["full_test_accuracy"],
@@ -482,6 +484,10 @@ def format_report(result: dict) -> str:
                                          else f"{summaries[n]['time_to_target_speedup']:.2f}x" for n in names[1:])),
         ("mean step time", *(_mean_ms(runs[n]["step_times_s"]) for n in names)),
     ]
+    if all("memory" in runs[n] for n in names):  # runs recorded before memory was measured lack it
+        rows.append(("gradients + optimizer state at the end",
+                     *(f"{(runs[n]['memory']['gradients'] + runs[n]['memory']['optimizer_state']) / 2**20:.2f} MiB"
+                       for n in names)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(names) + 1)]
     lines = [""]
     for i, row in enumerate(rows):
@@ -532,6 +538,17 @@ def _timeline(result: dict, name: str, summary: dict) -> list[str]:
         f"losses identical to plain's through step {summary['identical_losses_through_step']}"
     )
     return lines
+
+
+def _training_memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """What training holds at the run's end beyond the weights, in bytes: a gradient for each
+    parameter still training, and the state the optimizer holds (a frozen module's is
+    released by Egeria, egeria.optimizer_state; on a CPU run it stays in this process's
+    memory, so the figure is what an accelerator would hold)."""
+    return {
+        "gradients": sum(tensor_bytes(p) for p in model.parameters() if p.requires_grad),
+        "optimizer_state": sum(state_bytes(v) for v in optimizer.state.values()),
+    }
 
 
 def _mean_ms(times: list[float]) -> str:
