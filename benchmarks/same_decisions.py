@@ -39,8 +39,8 @@ from types import SimpleNamespace
 
 #: The matrix of use 2: run name -> (channels-last weights, EgeriaConfig overrides).
 MATRIX = {  # in the order they run: one of each kind first
-    "default-1": (False, {}), "channels-last-1": (True, {}), "n10": (False, {"eval_interval": 10}),
-    "n40": (False, {"eval_interval": 40}), "default-2": (False, {}), "channels-last-2": (True, {}),
+    "default-1": (False, {}), "channels-last-1": (True, {}), "n40": (False, {"eval_interval": 40}),
+    "n10": (False, {"eval_interval": 10}), "default-2": (False, {}), "channels-last-2": (True, {}),
     "n20": (False, {"eval_interval": 20}), "default-3": (False, {}), "channels-last-3": (True, {}),
 }
 
