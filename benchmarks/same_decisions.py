@@ -58,20 +58,22 @@ def run_arm(seed: int, overrides: dict, channels_last: bool = False) -> dict:
     if not hasattr(demo, "_Alone"):  # before the reshape the demo insisted on turns: none to take alone
         idle = SimpleNamespace(join=lambda: None, step=lambda: None, leave=lambda: None)
         demo.current_turns = lambda: idle  # type: ignore[attr-defined]
-    if channels_last:
-        setup = demo._setup
+    setup = demo._setup
 
-        def setup_channels_last(*args):
-            model, optimizer, scheduler = setup(*args)
-            return model.to(memory_format=torch.channels_last), optimizer, scheduler
+    def setup_channels_last(*args):
+        model, optimizer, scheduler = setup(*args)
+        return model.to(memory_format=torch.channels_last), optimizer, scheduler
 
-        demo._setup = setup_channels_last
-    s = demo.FULL
-    shared = demo.prepare(s, seed)
-    record, extra = demo._train(
-        "egeria", shared.initial, shared.train, shared.test, s, seed, shared.milestones, EgeriaConfig(**overrides),
-        shared.total_steps, False,
-    )
+    demo._setup = setup_channels_last if channels_last else setup
+    try:
+        s = demo.FULL
+        shared = demo.prepare(s, seed)
+        record, extra = demo._train(
+            "egeria", shared.initial, shared.train, shared.test, s, seed, shared.milestones, EgeriaConfig(**overrides),
+            shared.total_steps, False,
+        )
+    finally:  # the next run of the matrix, in this process, gets the demo's own layout back
+        demo._setup = setup
     return {
         "machine": f"{platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "demo_module": demo.__name__, "seed": seed, "channels_last": channels_last, "config": overrides,
@@ -112,11 +114,12 @@ def plot(summary: dict, target: Path) -> None:
     for row, (name, run) in enumerate(runs.items()):
         steps = sorted(set(run["frozen"].values()))
         ax.scatter(steps, [row] * len(steps), marker="|", s=300)
-        ax.annotate(f"n={run['eval_interval']}", (0, row), xytext=(4, 0), textcoords="offset points", va="center")
+        words = f"n={run['eval_interval']}" + ("" if steps else ": nothing froze")
+        ax.annotate(words, (0, row), xytext=(4, 0), textcoords="offset points", va="center")
     ax.set_yticks(range(len(runs)), list(runs))
     ax.set_xlim(0, 800)
     ax.set_xlabel("optimizer step of each freeze (the demo's 800 steps)")
-    ax.set_title("Egeria's freezes on the demo's task, by run: n left to the budget, channels-last, n pinned")
+    ax.set_title("Egeria's freezes on the demo's task, by run:\nn left to the budget, channels-last weights, n pinned")
     fig.savefig(target, dpi=110)
 
 
