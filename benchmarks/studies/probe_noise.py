@@ -10,7 +10,9 @@ regime. This trains the demo's model once, plainly (its data, model, schedule an
 batch order from the seed), snapshots the weights every D = 20 steps and reads each module's
 drift over every D steps twice: on the batch of the reading's step (as Egeria does) and on
 one fixed probe (the first 32 training images), every module's activation taken from each
-model's own forward pass in eval mode.
+model's own forward pass in eval mode; and a third time on the fixed probe with the current
+weights but the old batch-norm running statistics (buffers), so that the drift is the
+weights' alone.
 
     .venv/bin/python benchmarks/studies/probe_noise.py [SEED]
 
@@ -67,6 +69,15 @@ def drifts(old: torch.nn.Module, new: torch.nn.Module, x: torch.Tensor) -> dict[
     return {name: float(sp_loss(a[name], b[name])) for name in MODULES}
 
 
+def with_buffers_of(model: torch.nn.Module, other: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with ``other``'s buffers (batch norm's running statistics): its
+    drift from ``other`` is its weights' alone."""
+    out = copy.deepcopy(model)
+    for mine, theirs in zip(out.buffers(), other.buffers()):
+        mine.copy_(theirs)
+    return out
+
+
 def spread(values: list[float]) -> float | None:
     """The median of |log10| of the ratios of consecutive values (None: fewer than two)."""
     steps = [abs(math.log10(b / a)) for a, b in zip(values, values[1:]) if a > 0 and b > 0]
@@ -86,6 +97,9 @@ def plot(record: dict, target: Path) -> None:
         steps = [r["step"] for r in rows]
         ax.plot(steps, [r["batch"][name] for r in rows], marker=".", label="on the step's batch (Egeria)")
         ax.plot(steps, [r["fixed"][name] for r in rows], marker=".", label="on one fixed probe")
+        if "weights" in rows[0]:
+            ax.plot(steps, [r["weights"][name] for r in rows], marker=".",
+                    label="on the fixed probe, batch norm's running statistics held")
         ax.set_yscale("log")
         ax.set_title(name, fontsize=10)
         for drop in (400, 600):
@@ -95,7 +109,8 @@ def plot(record: dict, target: Path) -> None:
     axes[0][0].set_ylabel(f"SP drift over {record['lag']} steps")
     axes[1][0].set_ylabel(f"SP drift over {record['lag']} steps")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("The demo's task, one plain run: a reading's drift on each step's batch and on a fixed probe")
+    fig.suptitle("The demo's task, one plain run: a reading's drift on each step's batch, on a fixed probe, "
+                 "and on it with batch norm's running statistics held")
     fig.savefig(target, dpi=100)
 
 
@@ -132,22 +147,26 @@ def main(argv: list[str]) -> None:
             step += 1
             if step % LAG == 0:
                 rows.append({"step": step, "lr": lr, "batch": drifts(previous, model, x[:PROBE]),
-                             "fixed": drifts(previous, model, fixed)})
+                             "fixed": drifts(previous, model, fixed),
+                             "weights": drifts(previous, with_buffers_of(model, previous), fixed)})
                 previous = copy.deepcopy(model)
     regimes = sorted({r["lr"] for r in rows}, reverse=True)
     summary = {}
-    print(f"{'module':<20} {'lr':>6}  {'median drift (batch / fixed)':>30}  {'reading-to-reading spread (batch / fixed)':>42}")
+    print(f"{'module':<20} {'lr':>6}  {'median drift (batch / fixed / weights only)':>44}  "
+          f"{'reading-to-reading spread (batch / fixed / weights only)':>56}")
     for name in MODULES:
         for lr in regimes:
             kept = [r for r in rows if r["lr"] == lr and r["step"] > LAG]
             batch = [r["batch"][name] for r in kept]
             fixed_ = [r["fixed"][name] for r in kept]
+            weights = [r["weights"][name] for r in kept]
             entry = {"readings": len(kept), "median_batch": statistics.median(batch),
-                     "median_fixed": statistics.median(fixed_), "spread_batch": spread(batch),
-                     "spread_fixed": spread(fixed_)}
+                     "median_fixed": statistics.median(fixed_), "median_weights": statistics.median(weights),
+                     "spread_batch": spread(batch), "spread_fixed": spread(fixed_), "spread_weights": spread(weights)}
             summary.setdefault(name, {})[str(lr)] = entry
-            print(f"{name:<20} {lr:>6g}  {entry['median_batch']:>14.3g} / {entry['median_fixed']:<13.3g}"
-                  f"  {entry['spread_batch']:>20.2f} / {entry['spread_fixed']:<20.2f}")
+            print(f"{name:<20} {lr:>6g}  {entry['median_batch']:>14.3g} / {entry['median_fixed']:<10.3g} / "
+                  f"{entry['median_weights']:<13.3g}  {entry['spread_batch']:>20.2f} / {entry['spread_fixed']:<6.2f} / "
+                  f"{entry['spread_weights']:<20.2f}")
     OUT.mkdir(parents=True, exist_ok=True)
     record = {"command": command, "machine": describe_machine(), "lag": LAG, "probe": PROBE, "summary": summary,
               "readings": rows}
