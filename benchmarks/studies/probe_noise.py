@@ -6,20 +6,20 @@ batch of the reading's step (``_probe_copy``), so each reading is taken on other
 the demo's task (ResNet-20, Fashion-MNIST, learning rate /10 at steps 400 and 600), the
 default's freeze step moved by the sampling of the readings (record 038): the stem's drift
 per unit of learning-rate mass varied up to tenfold from one reading to the next in the last
-regime. This trains the demo's model once, plainly (its data, model, schedule and seed; the
-batch order from the seed), snapshots the weights every D = 20 steps and reads each module's
-drift over every D steps twice: on the batch of the reading's step (as Egeria does) and on
-one fixed probe (the first 32 training images), every module's activation taken from each
-model's own forward pass in eval mode; and a third time on the fixed probe with the current
-weights but the old batch-norm running statistics (buffers), so that the drift is the
-weights' alone.
+regime. This trains the demo's model once, plainly (its data, model, schedule, seed and
+batch order, through :func:`egeria.bench.harness.train`), snapshots the weights every D = 20
+steps and reads each module's drift over every D steps three times: on the batch of the
+reading's step (as Egeria does); on one fixed probe (the first 32 training images); and on
+that probe with the current weights but the old batch-norm running statistics (buffers), so
+that the drift is the weights' alone. Every module's activation is taken from each model's
+own forward pass in eval mode.
 
     .venv/bin/python benchmarks/studies/probe_noise.py [SEED]
 
 Prints the command, the machine and, per module and learning-rate regime, the median drift
 and its spread between consecutive readings (the median of |log10(d_i / d_{i-1})|: 0.3 is a
-twofold step) for both probes; writes ``benchmarks/results/probe_noise/seedS.json`` and
-``seedS.png`` (each module's drift over the run on both probes). One plain run of the demo:
+twofold step) for the three readings; writes ``benchmarks/results/probe_noise/seedS.json``
+and ``seedS.png`` (each module's three drifts over the run). One plain run of the demo:
 about 3 minutes on a quiet 2-core VM; ``--plot SEED`` redraws the figure from the JSON.
 """
 
@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks/results/probe_noise"
@@ -85,7 +84,7 @@ def spread(values: list[float]) -> float | None:
 
 
 def plot(record: dict, target: Path) -> None:
-    """Each module's drift per reading over the run, on each step's batch and on the fixed probe."""
+    """Each module's three drifts per reading over the run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,9 +96,8 @@ def plot(record: dict, target: Path) -> None:
         steps = [r["step"] for r in rows]
         ax.plot(steps, [r["batch"][name] for r in rows], marker=".", label="on the step's batch (Egeria)")
         ax.plot(steps, [r["fixed"][name] for r in rows], marker=".", label="on one fixed probe")
-        if "weights" in rows[0]:
-            ax.plot(steps, [r["weights"][name] for r in rows], marker=".",
-                    label="on the fixed probe, batch norm's running statistics held")
+        ax.plot(steps, [r["weights"][name] for r in rows], marker=".",
+                label="on the fixed probe, batch norm's running statistics held")
         ax.set_yscale("log")
         ax.set_title(name, fontsize=10)
         for drop in (400, 600):
@@ -108,7 +106,7 @@ def plot(record: dict, target: Path) -> None:
         ax.set_xlabel("step")
     axes[0][0].set_ylabel(f"SP drift over {record['lag']} steps")
     axes[1][0].set_ylabel(f"SP drift over {record['lag']} steps")
-    axes[0][0].legend(fontsize=8)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=9)
     fig.suptitle("The demo's task, one plain run: a reading's drift on each step's batch, on a fixed probe, "
                  "and on it with batch norm's running statistics held")
     fig.savefig(target, dpi=100)
@@ -120,6 +118,7 @@ def main(argv: list[str]) -> None:
         plot(json.loads((OUT / f"seed{seed}.json").read_text()), OUT / f"seed{seed}.png")
         return
     import egeria.bench.demo as demo
+    from egeria.bench.harness import StepResult, classification_loss, train
     from egeria.bench.machine import describe_machine
 
     seed = int(argv[0]) if argv else 0
@@ -129,27 +128,30 @@ def main(argv: list[str]) -> None:
     s = demo.FULL
     shared = demo.prepare(s, seed)
     model, optimizer, scheduler = demo._setup(shared.initial, s, shared.milestones)
-    x_all, y_all = shared.train
-    fixed = x_all[:PROBE]
-    order = torch.Generator().manual_seed(seed)
+    fixed = shared.train[0][:PROBE]
+    # The demo's batches in the demo's order (``egeria.bench.demo._train``'s loader).
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*shared.train), batch_size=s.batch_size,
+                                         shuffle=True, generator=torch.Generator().manual_seed(seed))
+    current: dict = {}  # the batch being trained on and its learning rate
+
+    def batches():
+        for batch in loader:
+            current.update(x=batch[0], lr=optimizer.param_groups[0]["lr"])
+            yield batch
+
     rows: list[dict] = []
     previous = copy.deepcopy(model)
-    step = 0
-    for _epoch in range(s.epochs):
-        for idx in torch.randperm(len(y_all), generator=order).split(s.batch_size):
-            x, y = x_all[idx], y_all[idx]
-            lr = optimizer.param_groups[0]["lr"]
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            if step % LAG == 0:
-                rows.append({"step": step, "lr": lr, "batch": drifts(previous, model, x[:PROBE]),
-                             "fixed": drifts(previous, model, fixed),
-                             "weights": drifts(previous, with_buffers_of(model, previous), fixed)})
-                previous = copy.deepcopy(model)
+
+    def read(result: StepResult) -> None:
+        nonlocal previous
+        if result.step % LAG == 0:
+            rows.append({"step": result.step, "lr": current["lr"],
+                         "batch": drifts(previous, model, current["x"][:PROBE]),
+                         "fixed": drifts(previous, model, fixed),
+                         "weights": drifts(previous, with_buffers_of(model, previous), fixed)})
+            previous = copy.deepcopy(model)
+
+    train(model, optimizer, batches, classification_loss, epochs=s.epochs, scheduler=scheduler, on_step=read)
     regimes = sorted({r["lr"] for r in rows}, reverse=True)
     summary = {}
     print(f"{'module':<20} {'lr':>6}  {'median drift (batch / fixed / weights only)':>44}  "
