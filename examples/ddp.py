@@ -104,6 +104,7 @@ def _spawned(rank: int, world: int, init: str, args: argparse.Namespace) -> None
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
         train(args)
+        dist.barrier()  # no rank tears down its connections while another still uses them
     finally:
         dist.destroy_process_group()
 
@@ -117,6 +118,7 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
         try:
             train(arguments)
+            dist.barrier()  # no rank tears down its connections while another still uses them
         finally:
             dist.destroy_process_group()
     else:
