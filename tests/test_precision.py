@@ -56,7 +56,9 @@ def test_a_half_precision_model_freezes_under_the_rounded_bf16_reference(monkeyp
 def test_autocast_with_a_grad_scaler_freezes_and_skipped_steps_count_nothing():
     torch.manual_seed(0)
     model = tiny_cnn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # a rate at which the front's weights settle within the run (at 0.01 only batch norm's
+    # running statistics did, and readings hold those: record 040)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
     eg = egeria.Egeria(model, opt, config=quick_config())
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     skipped = 0

@@ -13,8 +13,10 @@ One evaluation, in two halves:
    previous evaluation, so the reading measures how far the module moved since then.
 2. :meth:`Controller.finish` (when the readout arrives): the training activation (sent by
    the worker, or computed here by an fp32 copy of the model's front loaded with the
-   weights the readout carries, in eval mode), the SP loss between the two, the rule,
-   then the refresh of the reference from those weights.
+   weights the readout carries and the reference's running statistics, in eval mode), the
+   SP loss between the two, the rule, then the refresh of the reference from those weights.
+   Both sides normalize with the same running statistics (batch norm's), so a reading is
+   the weights' motion alone (docs/decisions/040-readings-hold-running-statistics.md).
 
 The controller watches ``span`` modules at once, from the frontmost active one: one
 forward pass of the reference and one of the training side, stopped at the deepest watched
@@ -153,10 +155,8 @@ class Controller:
             note = "refreshed" if self.reference is not None else "building"
             if self.reference is None:
                 self.reference = ReferenceModel(self.current, self.partition, self.precision, threads=self.threads)
-            training = None
-            if self.rule.floor_ratio is not None and self.reference is not None and note == "refreshed":
-                training = dict(zip(watched, self._training(readout, weights, request, watched)))
-            self._refresh(weights, request, upto=watched[-1], training=training)
+            floors = note == "refreshed"  # a reference built just now has nothing to compare yet
+            self._refresh(weights, request, upto=watched[-1], readout=readout, floors=floors)
             return answer(note=note)
         training = self._training(readout, weights, request, watched)
         values = [float(sp_loss(t, r)) for t, r in zip(training, reference)]
@@ -177,16 +177,16 @@ class Controller:
             names = tuple(self._name(i) for i in watched[:count])
             decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
             result = answer(readings=rows, decision=decision)
-            self._froze(count, weights, request, by_module)
+            self._froze(count, weights, request, readout, by_module)
             return result
         if request.refresh:
-            self._refresh(weights, request, upto=watched[-1], training=by_module)
+            self._refresh(weights, request, watched[-1], readout, training=by_module)
         return answer(readings=rows)
 
     def _training(self, readout: Readout, weights: Mapping[str, torch.Tensor], request: Request,
                   watched: list[int]) -> list[torch.Tensor | Gram]:
         """The watched modules' training activations: the hooked ones the readout carries,
-        else computed here from its weights."""
+        else computed here from its weights with the reference's running statistics."""
         training = readout.activation
         if training is None:
             training = self._front(weights, request.batch, watched)
@@ -250,40 +250,61 @@ class Controller:
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
-        """The watched modules' fp32 eval-mode outputs for the batch, with the sent weights."""
+        """The watched modules' fp32 eval-mode outputs for the batch, with the sent weights
+        and the reference's running statistics (:meth:`_statistics`)."""
         own = self.current.state_dict()
         for key, value in weights.items():
+            own[key].copy_(value)
+        for key, value in self._statistics().items():
             own[key].copy_(value)
         blocks = [self.partition.modules[i].output_block for i in watched]
         args, kwargs = batch
         with limited_threads(self.threads):
             return outputs_until(self.current, blocks, args, kwargs)
 
-    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request,
+    def _statistics(self) -> dict[str, torch.Tensor]:
+        """The running statistics a training activation is computed with: the reference's,
+        those of its latest refresh (none before the first).
+
+        A reading measures how far the weights moved, so both sides of it normalize with
+        one set of running statistics. Batch norm's running mean and variance are not
+        trained: they track the batches the forward pass saw, and late in a run their wander
+        over D steps outweighs the weights' motion (at 1/100 of the peak learning rate they
+        made 96% of the demo's stem's drift: docs/decisions/040-readings-hold-running-statistics.md).
+        """
+        return {} if self.reference is None else self.reference.statistics()
+
+    def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request, readout: Readout,
                training: Mapping[int, torch.Tensor | Gram]) -> None:
         """The front ``count`` modules froze: watch the ones after them."""
         self.frozen += count
         self.rule.forget_before(self.frozen)
         self.floors = {i: v for i, v in self.floors.items() if i >= self.frozen}
         if self.frozen < self.partition.freezable:
-            self._refresh(weights, request, upto=self.watched[-1], training=training)
+            self._refresh(weights, request, self.watched[-1], readout, training=training)
 
-    def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int,
-                 training: Mapping[int, torch.Tensor | Gram] | None = None) -> None:
-        """Refreshes the reference from ``weights``; with ``training`` (the watched modules'
-        training activations for these weights and the request's batch) and a
-        ``floor_ratio``, measures the floors."""
+    def _refresh(self, weights: Mapping[str, torch.Tensor], request: Request, upto: int, readout: Readout, *,
+                 training: Mapping[int, torch.Tensor | Gram] | None = None, floors: bool = True) -> None:
+        """Refreshes the reference from ``weights`` (``readout``'s); with ``floors`` and a
+        ``floor_ratio``, measures the floors of the watched modules: of those in
+        ``training`` (their training activations for these weights and the request's batch,
+        just taken for a reading), or of every one when it is None."""
         assert self.reference is not None
         batch = request.batch
+        moved = readout.activation is None and _moved(self._statistics(), weights)
         self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
         self.refreshed_ahead = request.mass_ahead
         self.refreshed_regime = request.regime
-        if training is None or self.rule.floor_ratio is None:
+        if not floors or self.rule.floor_ratio is None:
             return
-        indices = [i for i in self.watched if i in training]
+        indices = [i for i in self.watched if training is None or i in training]
         if not indices:
             return
+        if training is None or moved:
+            # (again) with the statistics the refreshed reference holds: a floor compares
+            # the two sides at the same weights and the same statistics
+            training = dict(zip(indices, self._training(readout, weights, request, indices)))
         for index, ref in zip(indices, self.reference.activations(batch, indices)):
             floor = float(sp_loss(training[index], ref))
             if math.isfinite(floor):
@@ -375,4 +396,9 @@ class Controller:
 
     def _name(self, index: int) -> str:
         return self.partition.modules[index].name
+
+
+def _moved(held: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> bool:
+    """Whether any of the ``held`` running statistics differs from its value in ``weights``."""
+    return any(key in weights and not torch.equal(value, weights[key].to(value.device)) for key, value in held.items())
 
