@@ -93,6 +93,7 @@ def _spawned(rank: int, world: int, init: str, args: argparse.Namespace) -> None
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
         main(rank, world, args)
+        dist.barrier()  # no rank tears down its connections while another still uses them
     finally:
         dist.destroy_process_group()
 
@@ -110,6 +111,7 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
         try:
             main(dist.get_rank(), dist.get_world_size(), arguments)
+            dist.barrier()  # no rank tears down its connections while another still uses them
         finally:
             dist.destroy_process_group()
     else:
