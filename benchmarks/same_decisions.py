@@ -37,8 +37,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-#: D, the steps a reading's drift covers at Egeria's defaults (egeria.knowledge.spans).
-LAG = 20
 #: The matrix of use 2: run name -> (channels-last weights, EgeriaConfig overrides).
 MATRIX = {  # in the order they run: one of each kind first
     "default-1": (False, {}), "channels-last-1": (True, {}), "n40": (False, {"eval_interval": 40}),
@@ -97,9 +95,11 @@ def summarize(folder: Path) -> dict:
                           "final_accuracy": run["test_accuracy"][-1]}
     coarsest = max((r["eval_interval"] or 0 for r in runs.values()), default=0)
     spread = _spread(runs)
-    # An explicit n below D (20) shortens the drift a reading covers, and with it the spans
+    from egeria.config import MIN_EVAL_INTERVAL as lag  # D at Egeria's defaults
+
+    # An explicit n below D shortens the drift a reading covers, and with it the spans
     # (record 038): the runs read at D or sparser, apart.
-    at_lag = _spread({k: r for k, r in runs.items() if (r["eval_interval"] or LAG) >= LAG})
+    at_lag = _spread({k: r for k, r in runs.items() if (r["eval_interval"] or lag) >= lag})
     return {"runs": runs, "spread": spread, "coarsest_interval": coarsest,
             "within_one_interval": all(s is not None and s <= coarsest for s in spread.values()) and bool(spread),
             "spread_n_at_least_lag": at_lag,

@@ -291,17 +291,19 @@ class Controller:
         just taken for a reading), or of every one when it is None."""
         assert self.reference is not None
         batch = request.batch
-        moved = readout.activation is None and _moved(self._statistics(), weights)
+        floors = floors and self.rule.floor_ratio is not None
+        # the reading's training activations hold the statistics the refresh replaces
+        stale = floors and training is not None and readout.activation is None and _moved(self._statistics(), weights)
         self.reference.refresh(weights, self.frozen, upto, batch)
         self.readings_since_refresh = 0
         self.refreshed_ahead = request.mass_ahead
         self.refreshed_regime = request.regime
-        if not floors or self.rule.floor_ratio is None:
+        if not floors:
             return
         indices = [i for i in self.watched if training is None or i in training]
         if not indices:
             return
-        if training is None or moved:
+        if training is None or stale:
             # (again) with the statistics the refreshed reference holds: a floor compares
             # the two sides at the same weights and the same statistics
             training = dict(zip(indices, self._training(readout, weights, request, indices)))

@@ -85,7 +85,7 @@ class ReferenceModel:
         self.kinds: dict[str, str] = {}
         self._final: set[int] = set()
         self.upto = -1
-        self._statistic_keys: tuple[int, list[str]] = (-2, [])  # (upto, the buffers' keys up to it)
+        self._buffers = {name for name, _ in self._float.named_buffers()}
 
     def _blocks_of(self, modules: Sequence[int]) -> list[str]:
         """The blocks of the layer modules at indices ``modules``, in order."""
@@ -214,11 +214,8 @@ class ReferenceModel:
         """The running statistics (the buffers, e.g. batch norm's running mean and variance)
         of modules ``0..upto`` as of their latest refresh, by ``state_dict`` key: what the
         reference's forward pass normalizes with."""
-        if self._statistic_keys[0] != self.upto:
-            buffers = {name for name, _ in self._float.named_buffers()}
-            self._statistic_keys = (self.upto, [k for k in self._keys.of(range(self.upto + 1)) if k in buffers])
         own = self._float.state_dict()
-        return {k: own[k] for k in self._statistic_keys[1]}
+        return {k: own[k] for k in self._keys.of(range(self.upto + 1)) if k in self._buffers}
 
     # -- running -----------------------------------------------------------------
 
