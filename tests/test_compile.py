@@ -26,7 +26,7 @@ def _run(compiled: bool):
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     eg = egeria.Egeria(called, opt, config=quick_config(window=3))
     decisions = []
-    for i, (x, y) in enumerate(batches(1) * 80):
+    for i, (x, y) in enumerate(batches(1) * 140):
         step[0] = i
         loss = F.cross_entropy(called(x), y)
         opt.zero_grad()

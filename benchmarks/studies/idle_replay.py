@@ -60,11 +60,12 @@ SUITE = [
 ]
 
 
-def raw_floors(rows: list[dict], window: int) -> list[float | None]:
+def raw_floors(rows: list[dict], window: int, lag: int | None = None) -> list[float | None]:
     """Each row's raw floor, from the smoothed ones (the mean of a module's last W floors
-    since its watch last restarted): W times the smoothed floor less the W - 1 raw ones
-    before it; a row without a floor restarts the module's."""
-    raws: dict[str, list[float]] = defaultdict(list)
+    since its watch last restarted, or with ``lag`` those of the readings within its span of
+    W x ``lag`` steps, as the rule on steps keeps them): that many times the smoothed floor
+    less the raw ones before it; a row without a floor restarts the module's."""
+    raws: dict[str, list[tuple[int, float]]] = defaultdict(list)
     out: list[float | None] = []
     for row in rows:
         smoothed = row.get("floor")
@@ -72,9 +73,12 @@ def raw_floors(rows: list[dict], window: int) -> list[float | None]:
             raws[row["module"]] = []
             out.append(None)
             continue
-        before = raws[row["module"]][-(window - 1):]
-        value = max((len(before) + 1) * smoothed - sum(before), 0.0)
-        raws[row["module"]].append(value)
+        if lag is None:
+            before = raws[row["module"]][-(window - 1):]
+        else:
+            before = [(s, v) for s, v in raws[row["module"]] if s >= row["step"] - window * lag + lag]
+        value = max((len(before) + 1) * smoothed - sum(v for _, v in before), 0.0)
+        raws[row["module"]].append((row["step"], value))
         out.append(value)
     return out
 

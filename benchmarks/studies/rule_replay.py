@@ -97,7 +97,7 @@ class RawFloors:
 
 
 def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, int] | None = None,
-                 ) -> dict[str, int | None]:
+                 cap: int | None = None, wide: bool = False) -> dict[str, int | None]:
     """Module -> the step of the evaluation at which ``rule`` (a
     :class:`egeria.knowledge.rule.FrontRule`) would freeze it on the run's recorded readings
     (None: not by ``until``, or never), front first as the controller does: every watched
@@ -109,7 +109,10 @@ def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, i
     modules read. With ``own`` (the run's own freezes, module -> step) the replay goes on
     past ``until`` for as long as it has frozen what the run had by each step, and stops
     after the first evaluation where the two part (past it the readings come from a model
-    the replayed rule would not have trained): that step is returned under the key None."""
+    the replayed rule would not have trained): that step is returned under the key None.
+    ``cap``: the modules from this index on freeze only once quiet and are no yardstick of
+    idleness, as in the controller (docs/decisions/041-quiet-modules-pass-the-cap.md), unless
+    ``wide`` makes every watched module one."""
     modules = list(dict.fromkeys(row["module"] for row in run["plasticity"]))
     by_step: dict[int, dict[str, dict]] = defaultdict(dict)
     for row in run["plasticity"]:
@@ -126,8 +129,8 @@ def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, i
             continue  # the run did not read the front module here
         for i in watched:
             rule.read(i, readings[modules[i]]["plasticity"], **inputs(modules[i]))
-        rule.compare(watched)
-        count = rule.settled_front(watched)
+        rule.compare(watched if cap is None or wide else [i for i in watched if i < cap])
+        count = rule.settled_front(watched) if cap is None else rule.settled_front(watched, cap=cap)
         for i in watched[:count]:
             frozen_at[modules[i]] = step
         if count:

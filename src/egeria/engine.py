@@ -190,7 +190,8 @@ class Egeria(Checkpointing, CacheLoading):
         self.set_schedule(total_steps=total_steps, lr_scheduler=lr_scheduler)
         # the layer modules, from the first forward pass; a policy the config names takes
         # the config's cap, a policy object where it says so
-        self._layers = RunLayers(model, blocks, self.config, capped=policy is None or self._asks.capped_by_config)
+        self._layers = RunLayers(model, blocks, self.config, capped=policy is None or self._asks.capped_by_config,
+                                 quiet_passes=self._asks.quiet_passes_cap)
         self._losses = OutputLosses(model, self._own.is_active)  # the loss a model's output carries
         # memory by part, on sampled steps and around each change (egeria.memory)
         self._memory = MemoryMeter(model, optimizer, self._own.is_active, self._memory_context,

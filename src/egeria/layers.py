@@ -33,13 +33,18 @@ class RunLayers:
         config: the run's config (``modules``, ``max_modules``, ``max_frozen_flops``).
         capped: whether ``config.max_frozen_flops`` limits the freezable modules (the
             policy's answer, :class:`~egeria.policies.PolicyView`).
+        quiet_passes: whether a module past the cap may still freeze once it no longer
+            moves at all (the policy's answer; Egeria's rule): the cap then bounds
+            ``Partition.cap``, not ``Partition.freezable``.
     """
 
-    def __init__(self, model: nn.Module, blocks: list[str], config: EgeriaConfig, *, capped: bool) -> None:
+    def __init__(self, model: nn.Module, blocks: list[str], config: EgeriaConfig, *, capped: bool,
+                 quiet_passes: bool = False) -> None:
         self.model = model
         self.blocks = blocks
         self.config = config
         self.capped = capped
+        self.quiet_passes = quiet_passes
         self.partition: Partition | None = None
         self.error: ValueError | None = None
         self.saved_flops: list[float] | None = None  # the layer modules' weight computation a checkpoint recorded
@@ -120,9 +125,10 @@ class RunLayers:
         """``partition`` with its freezable modules holding at most
         ``config.max_frozen_flops`` of the model's weight computation, under Egeria's own
         policy or a baseline the config names (which takes no cap unless one is given); a
-        policy object of the user's is not capped by it. Where the cap leaves nothing to
-        freeze, one WARNING says why and what to change (a model of one layer module is
-        refused outright)."""
+        policy object of the user's is not capped by it. Under a policy whose modules pass
+        the cap once they no longer move (``quiet_passes``), the cap sets ``partition.cap``
+        and ``freezable`` stays. Where the cap leaves nothing to freeze, one WARNING says why
+        and what to change (a model of one layer module is refused outright)."""
         flops = self.module_flops(partition, saved_flops)
         share = self.config.max_frozen_flops
         if share is not None and self.capped and flops is not None and sum(flops) > 0:
@@ -132,9 +138,13 @@ class RunLayers:
                     f"its first layer module {partition.modules[0].name!r} holds "
                     f"{100 * flops[0] / sum(flops):.0f}% of the model's weight computation, above "
                     f"EgeriaConfig.max_frozen_flops={share:g}; raise max_frozen_flops, "
-                    "or pass modules= naming smaller layer modules"
+                    "or pass modules= naming smaller layer modules",
+                    quiet=self.quiet_passes,
                 )
-            partition.freezable = min(partition.freezable, allowed)
+            if self.quiet_passes:
+                partition.cap = min(partition.freezable, allowed)
+            else:
+                partition.freezable = min(partition.freezable, allowed)
         return partition
 
     def module_flops(self, partition: Partition, saved: list[float] | None = None) -> list[float] | None:
@@ -146,8 +156,12 @@ class RunLayers:
         saved = saved if saved is not None else self.saved_flops
         return list(saved) if saved is not None and len(saved) == len(partition) else None
 
-    def _nothing_can_freeze(self, why: str) -> None:
-        """The one warning of a run in which no module can ever freeze."""
+    def _nothing_can_freeze(self, why: str, *, quiet: bool = False) -> None:
+        """The one warning of a run in which no module can ever freeze (``quiet``: none
+        while it still moves)."""
         if not self._told_nothing_freezes:
             self._told_nothing_freezes = True
-            logger.warning("Egeria can freeze nothing in this model: %s", why)
+            if quiet:
+                logger.warning("Egeria can freeze nothing in this model while it still moves: %s", why)
+            else:
+                logger.warning("Egeria can freeze nothing in this model: %s", why)

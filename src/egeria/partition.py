@@ -87,10 +87,16 @@ class Partition:
             head; fewer when a module uses a parameter that a deeper module owns other
             than through an ``nn.Embedding`` lookup (weights shared across layers): that
             module and all after it stay trainable.
+        cap: how many leading modules ``EgeriaConfig.max_frozen_flops`` lets freeze while
+            they still move; the modules after them, up to ``freezable``, freeze only once
+            they no longer move at all (Egeria's rule:
+            docs/decisions/041-quiet-modules-pass-the-cap.md). None: no such bound (no cap,
+            or a cap that lowered ``freezable`` itself, as a baseline's does).
     """
 
     modules: list[LayerModule]
     freezable: int = -1
+    cap: int | None = None
 
     def __post_init__(self) -> None:
         if self.freezable < 0:

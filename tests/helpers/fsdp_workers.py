@@ -191,7 +191,7 @@ def resume_equals_uninterrupted(rank: int, world: int, out: str) -> dict:
 
 #: Egeria's rule decides its first freezes within this many steps of the tests' Chain on a
 #: batch seen again every step (SGD, lr 1e-4); a resumed run is saved after RULE_SAVE_AT.
-RULE_STEPS = 48
+RULE_STEPS = 140
 RULE_SAVE_AT = 30
 
 

@@ -221,6 +221,8 @@ def _run(
     result.update(
         {
             "modules": partition.names,
+            "freezable": partition.freezable,  # how many leading modules may freeze
+            "cap": partition.cap,  # of them, how many may freeze while they still move (None: all)
             "module_params": [m.num_params for m in partition.modules],
             "total_params": total_params,
             "records": records,

@@ -384,6 +384,8 @@ def _run(task_name, policy, *, seed, epochs, out, place, limit, eval_limit, reco
         },
         "init": task.init,
         "modules": partition.names,
+        "freezable": partition.freezable,  # how many leading modules may freeze
+        "cap": partition.cap,  # of them, how many may freeze while they still move (None: all)
         "module_params": [m.num_params for m in partition.modules],
         "total_params": sum(m.num_params for m in partition.modules),
         "records": records,

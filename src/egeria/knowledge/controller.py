@@ -13,10 +13,12 @@ One evaluation, in two halves:
    previous evaluation, so the reading measures how far the module moved since then.
 2. :meth:`Controller.finish` (when the readout arrives): the training activation (sent by
    the worker, or computed here by an fp32 copy of the model's front loaded with the
-   weights the readout carries and the reference's running statistics, in eval mode), the
-   SP loss between the two, the rule, then the refresh of the reference from those weights.
-   Both sides normalize with the same running statistics (batch norm's), so a reading is
-   the weights' motion alone (docs/decisions/040-readings-hold-running-statistics.md).
+   weights the readout carries, the reference's running statistics and its copy of the
+   modules held frozen, in eval mode), the SP loss between the two, the rule, then the
+   refresh of the reference from those weights. Both sides normalize with the same running
+   statistics (batch norm's) and run the same frozen front, so a reading is the watched
+   weights' motion alone (docs/decisions/040-readings-hold-running-statistics.md,
+   docs/decisions/041-quiet-modules-pass-the-cap.md).
 
 The controller watches ``span`` modules at once, from the frontmost active one: one
 forward pass of the reference and one of the training side, stopped at the deepest watched
@@ -166,13 +168,13 @@ class Controller:
         mass = self._mass_since_refresh(request)
         straddles = request.regime is None or self.refreshed_regime is None or request.regime != self.refreshed_regime
         rows = [self._read(index, value, request, mass, straddles) for index, value in zip(watched, values)]
-        shares = self.rule.compare(watched)
+        shares = self.rule.compare(self._moving(watched))
         for index, row in zip(watched, rows):
             watch = self.rule.watches.get(index)
             row["active_share"] = shares.get(index)  # its smoothed reading over the most active module's
             row["idle"] = 0 if watch is None else watch.idle
         by_module = dict(zip(watched, training))
-        count = self.rule.settled_front(watched)
+        count = self.rule.settled_front(watched, cap=self.partition.cap)
         if count:
             names = tuple(self._name(i) for i in watched[:count])
             decision = Decision(request.step, "freeze", names, self._reason(watched[0]), evaluated_at=request.step)
@@ -182,6 +184,13 @@ class Controller:
         if request.refresh:
             self._refresh(weights, request, watched[-1], readout, training=by_module)
         return answer(readings=rows)
+
+    def _moving(self, watched: list[int]) -> list[int]:
+        """The watched modules that may freeze while they still move: those within the cap
+        (past it a module freezes only once quiet, and is no yardstick of idleness either:
+        docs/decisions/041-quiet-modules-pass-the-cap.md)."""
+        cap = self.partition.cap
+        return watched if cap is None else [i for i in watched if i < cap]
 
     def _training(self, readout: Readout, weights: Mapping[str, torch.Tensor], request: Request,
                   watched: list[int]) -> list[torch.Tensor | Gram]:
@@ -250,12 +259,15 @@ class Controller:
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:
-        """The watched modules' fp32 eval-mode outputs for the batch, with the sent weights
-        and the reference's running statistics (:meth:`_statistics`)."""
+        """The watched modules' fp32 eval-mode outputs for the batch, with the sent weights,
+        the reference's running statistics (:meth:`_statistics`) and the reference's own
+        copy of the modules it holds frozen (:meth:`_held_front`)."""
         own = self.current.state_dict()
         for key, value in weights.items():
             own[key].copy_(value)
         for key, value in self._statistics().items():
+            own[key].copy_(value)
+        for key, value in self._held_front().items():
             own[key].copy_(value)
         blocks = [self.partition.modules[i].output_block for i in watched]
         args, kwargs = batch
@@ -273,6 +285,19 @@ class Controller:
         made 96% of the demo's stem's drift: docs/decisions/040-readings-hold-running-statistics.md).
         """
         return {} if self.reference is None else self.reference.statistics()
+
+    def _held_front(self) -> dict[str, torch.Tensor]:
+        """The modules the controller holds frozen, as the reference runs them.
+
+        A reading measures the watched modules' motion, so both sides of it run one frozen
+        front. A module the controller decided to freeze trains on for D steps until the
+        training side applies the decision, and its final weights reach the reference only
+        with the request after that; a training side computed from the sent weights in
+        between carried that module's last steps into every watched module's reading and
+        into the floors measured then (a floor a thousandfold too high made (f)'s layers 2-4
+        read quiet at 15% of the run: docs/decisions/041-quiet-modules-pass-the-cap.md).
+        """
+        return {} if self.reference is None else self.reference.final_state()
 
     def _froze(self, count: int, weights: Mapping[str, torch.Tensor], request: Request, readout: Readout,
                training: Mapping[int, torch.Tensor | Gram]) -> None:

@@ -136,6 +136,12 @@ class KnowledgeGuided:
         self._warned_no_loss = False
 
     @property
+    def quiet_passes_cap(self) -> bool:
+        """A module past ``max_frozen_flops`` may freeze once quiet, where the rule measures
+        floors (docs/decisions/041-quiet-modules-pass-the-cap.md; :class:`~egeria.policies.PolicyView`)."""
+        return self.rule_settings.floor_ratio is not None
+
+    @property
     def requires_total_steps(self) -> bool:
         """Under the paper's rule n is derived from the run's length unless
         ``eval_interval`` is set."""

@@ -210,6 +210,13 @@ class ReferenceModel:
                 handle.remove()
         return seen
 
+    def final_state(self) -> dict[str, torch.Tensor]:
+        """The state of the modules the reference holds final (frozen, or decided frozen by
+        the controller and not yet applied by the training side), by ``state_dict`` key: the
+        fp32 weights and buffers its forward pass runs them with."""
+        own = self._float.state_dict()
+        return {k: own[k] for k in self._keys.of(sorted(self._final), loose=False)}
+
     def statistics(self) -> dict[str, torch.Tensor]:
         """The running statistics (the buffers, e.g. batch norm's running mean and variance)
         of modules ``0..upto`` as of their latest refresh, by ``state_dict`` key: what the

@@ -23,9 +23,9 @@ modules within one reading interval.
 2. *Still*: it no longer moves at all, by either scale, for a span: *quiet*, its readings
    within ``floor_ratio`` of the reference's own error (a pretrained front in fine-tuning:
    docs/decisions/012-floor-ratio.md), or *idle*, at most ``idle_share`` (1/100) of the most
-   active watched module's (a pretrained layer being adapted while the layers the network
-   learns with move a hundredfold more: docs/decisions/032-idle-modules.md). A still module
-   freezes on that alone, however much of the schedule is ahead.
+   active watched module's within the cap (a pretrained layer being adapted while the layers
+   the network learns with move a hundredfold more: docs/decisions/032-idle-modules.md). A
+   still module freezes on that alone, however much of the schedule is ahead.
 3. *Little still to come* (Egeria's criterion, ``horizon`` set): a settled module freezes
    only once what the rest of the run would still change in it is small, bounded two ways:
    its *outlook*, its pace (drift per unit of learning-rate mass, the median over the span)
@@ -38,10 +38,14 @@ modules within one reading interval.
 
 A span never holds readings of two regimes of the schedule: at a jump of the learning rate
 (2x or more from one step to the next) each module's span starts afresh, and a reading whose
-own drift spans the jump joins neither (docs/decisions/014-lr-regimes.md). Outside this
+own drift spans the jump joins neither (docs/decisions/014-lr-regimes.md).
+
+*The cap* bounds what freezes while it still moves: past ``max_frozen_flops`` of the weight
+computation a module freezes only once quiet, the one test on an absolute scale, which no
+other module sets (:meth:`FrontRule.settled_front`; the idle test's yardstick is the most
+active module within the cap: docs/decisions/041-quiet-modules-pass-the-cap.md). Outside this
 module the policy adds the other parts of the whole rule: bootstrapping (no reading before
-the training loss settles), the cap on the frozen share of the weight computation, and the
-frozen set growing as a prefix.
+the training loss settles) and the frozen set growing as a prefix.
 """
 
 from __future__ import annotations
@@ -332,11 +336,15 @@ class FrontRule:
         watch = self.watches.get(index)
         return watch is not None and watch.holds(watch.idle_from)
 
-    def settled_front(self, indices: Sequence[int]) -> int:
+    def settled_front(self, indices: Sequence[int], cap: int | None = None) -> int:
         """How many of ``indices`` (front first) have settled, counted from the front up to
-        the first that has not."""
+        the first that has not; a module from index ``cap`` on (past the FLOPs cap) counts
+        only once quiet."""
         count = 0
-        while count < len(indices) and self.settled(indices[count]):
+        while count < len(indices):
+            index = indices[count]
+            if not (self.quiet(index) if cap is not None and index >= cap else self.settled(index)):
+                break
             count += 1
         return count
 

@@ -162,6 +162,9 @@ class PolicyView:
     * ``capped_by_config: bool``: ``EgeriaConfig.max_frozen_flops`` limits which leading
       modules it may freeze even when the policy object is the user's (default False; a
       policy the config names by ``EgeriaConfig.policy`` is always capped);
+    * ``quiet_passes_cap: bool``: a module past that cap may still freeze once it no
+      longer moves at all, which the policy itself tells (default False; Egeria's rule:
+      docs/decisions/041-quiet-modules-pass-the-cap.md);
     * ``stage: str``: ``"bootstrap"`` while it waits for the loss to settle (default
       ``"guided"``);
     * ``window: int | None``: the window W of a plasticity rule (default None);
@@ -189,6 +192,10 @@ class PolicyView:
     @property
     def capped_by_config(self) -> bool:
         return bool(getattr(self.policy, "capped_by_config", False))
+
+    @property
+    def quiet_passes_cap(self) -> bool:
+        return bool(getattr(self.policy, "quiet_passes_cap", False))
 
     @property
     def reads_model(self) -> bool:

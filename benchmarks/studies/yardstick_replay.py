@@ -1,0 +1,129 @@
+"""Which module is the idle test's yardstick? Replayed on runs that read every freezable module.
+
+Record 041 (docs/decisions/041-quiet-modules-pass-the-cap.md) lets a module past
+``max_frozen_flops`` freeze once quiet, so the controller now reads every freezable module. The
+idle test (record 032) marks a module idle at readings where its smoothed plasticity is at most
+1/100 of the most active module's; the rule takes that yardstick from the modules within the
+cap, as record 032 calibrated it (the modules past the cap were not read then). This replays
+the library's rule (:class:`egeria.knowledge.rule.FrontRule`, the settings ``EgeriaConfig()``
+gives, D = ``egeria.config.MIN_EVAL_INTERVAL``) on runs of record 041's code in two ways:
+
+- ``within the cap``: the rule as it is (it must reproduce each run's own freezes);
+- ``every watched module``: the most active of all the modules read is the yardstick;
+
+front first as the controller does, stopping where a replay parts from the run's own freezes
+(past that the readings come from a model the replayed rule would not have trained).
+
+    .venv/bin/python benchmarks/studies/yardstick_replay.py [RUN.json ...]
+
+Prints the command, the machine and, per run, each module's freeze step per way ("-": not by
+the end of the replay); writes ``benchmarks/results/yardstick_replay/replay.json``. No
+training: seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+OUT = ROOT / "benchmarks/results/yardstick_replay/replay.json"
+RUNS = "benchmarks/results/tta-full/intel-avx512-quiet/cpu"
+SUITE = [
+    f"{RUNS}/resnet-fmnist/egeria-cache-seed0.json",
+    f"{RUNS}/vgg-fmnist/egeria-cache-seed0.json",
+    f"{RUNS}/transformer-ptb-cosine/egeria-cache-seed0.json",
+    f"{RUNS}/finetune-mnist/egeria-cache-seed0.json",
+    f"{RUNS}/finetune-mnist/egeria-cache-seed1.json",
+    f"{RUNS}/minilm-ptb-order/egeria-seed0.json",
+]
+WAYS = {"within the cap": False, "every watched module": True}
+
+
+def cap_of(run: dict) -> int | None:
+    """The modules within the cap: recorded by the run, or, in a run from before the field,
+    the leading modules whose readings carry a share of the most active one."""
+    if "cap" in run:
+        return run["cap"]
+    compared = {r["module"] for r in run["plasticity"] if r.get("active_share") is not None}
+    count = 0
+    while count < len(run["modules"]) and run["modules"][count] in compared:
+        count += 1
+    return count
+
+
+def replay(run: dict, settings, own: dict[str, int], wide: bool) -> tuple[dict[str, int | None], int | None]:
+    """Module -> its freeze step on the run's readings with the yardstick ``wide`` or within
+    the cap; and the step where the replay parted from the run (None: replayed to the end)."""
+    from egeria.config import MIN_EVAL_INTERVAL
+    from egeria.knowledge.rule import FrontRule
+
+    from idle_replay import raw_floors
+    from rule_replay import replay_front
+    from span_replay import regimes
+
+    rows = run["plasticity"]
+    floors = dict(zip(map(id, rows), raw_floors(rows, settings.window, MIN_EVAL_INTERVAL)))
+    regime = regimes(rows)
+
+    def inputs_at(step: int, readings: dict[str, dict]):
+        def inputs(module: str) -> dict:
+            row = readings[module]
+            lr, share = row.get("lr"), row.get("lr_share")
+            return {"lr": lr, "floor": floors[id(row)], "mass": row.get("mass"), "ahead": row.get("mass_ahead"),
+                    "peak": lr / share if lr and share else None, "step": step, "regime": regime[step],
+                    "straddles": not row.get("counted", True)}
+        return inputs
+
+    rule = FrontRule(dataclasses.replace(settings, lag=MIN_EVAL_INTERVAL))
+    frozen = replay_front(run, rule, None, inputs_at, own=own, cap=cap_of(run), wide=wide)
+    parted = frozen.pop(None, None)
+    return frozen, parted
+
+
+def main(argv: list[str] | None = None) -> int:
+    from egeria import EgeriaConfig
+    from egeria.bench.machine import describe_machine
+    from egeria.knowledge.policy import rule_settings
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", default=SUITE)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    command = shlex.join([".venv/bin/python", "benchmarks/studies/yardstick_replay.py", *(sys.argv[1:] if argv is None else argv)])
+    print("command:", command)
+    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    settings = rule_settings(EgeriaConfig())
+    results = []
+    for path in args.runs:
+        if not (ROOT / path).exists():
+            print(f"\n{path}: not run (skipped)")
+            continue
+        run = json.loads((ROOT / path).read_text())
+        # each freeze at the step of the reading that decided it (it applied D steps later)
+        own = {m: e.get("evaluated_at") or e["step"] for e in run.get("events", []) if e.get("action") == "freeze"
+               for m in e["modules"]}
+        cap = cap_of(run)
+        print(f"\n{path} ({run['task']}, seed {run['seed']}, {run['total_steps']} steps, {cap} modules within the "
+              "cap): its own freezes, at their readings' steps, " + (", ".join(f"{m} {s}" for m, s in own.items()) or "none"))
+        entry = {"run": path, "task": run["task"], "seed": run["seed"], "total_steps": run["total_steps"],
+                 "cap": cap, "own_freezes": own, "replays": {}, "parted_at": {}}
+        for way, wide in WAYS.items():
+            frozen, parted = replay(run, settings, own, wide)
+            entry["replays"][way], entry["parted_at"][way] = frozen, parted
+            cells = [f"{m} {s if s is not None else '-'}" for m, s in frozen.items()]
+            print(f"  {way:<22}" + "; ".join(cells) + ("" if parted is None else f" [parted from the run at {parted}]"))
+        results.append(entry)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": command, "machine": describe_machine(), "results": results}, indent=1) + "\n")
+    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
