@@ -130,7 +130,7 @@ def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, i
         for i in watched:
             rule.read(i, readings[modules[i]]["plasticity"], **inputs(modules[i]))
         rule.compare(watched if cap is None or wide else [i for i in watched if i < cap])
-        count = rule.settled_front(watched) if cap is None else rule.settled_front(watched, cap=cap)
+        count = rule.settled_front(watched, cap=cap)
         for i in watched[:count]:
             frozen_at[modules[i]] = step
         if count:

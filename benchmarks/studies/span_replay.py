@@ -61,20 +61,14 @@ def regimes(rows: list[dict]) -> dict[int, int | None]:
     return out
 
 
-def replay(run: dict, settings, own: dict[str, int], phase: int | None) -> tuple[dict[str, int | None], int | None]:
-    """Module -> its freeze step under ``settings`` on the run's readings, every one
-    (``phase`` None) or every other one from the first (0) or the second (1); and the step
-    where the replay parted from the run (None: replayed to the end)."""
-    from egeria.knowledge.rule import FrontRule
-
+def reading_inputs(rows: list[dict], window: int, lag: int | None = None):
+    """``inputs_at`` for :func:`rule_replay.replay_front`: each reading's inputs to
+    :meth:`FrontRule.read` as the run recorded them (learning rate, raw floor, masses, peak,
+    step, regime, whether it straddles a jump), the floors recovered from ``rows`` (all of a
+    run's readings) with the rule's window and, for the rule on steps, D = ``lag``."""
     from idle_replay import raw_floors
-    from rule_replay import replay_front
 
-    rows = run["plasticity"]
-    floors = dict(zip(map(id, rows), raw_floors(rows, settings.window)))
-    steps = sorted({r["step"] for r in rows})
-    lag = int(statistics.median(b - a for a, b in zip(steps, steps[1:])))
-    kept = set(steps if phase is None else steps[phase::2])
+    floors = dict(zip(map(id, rows), raw_floors(rows, window, lag)))
     regime = regimes(rows)
 
     def inputs_at(step: int, readings: dict[str, dict]):
@@ -86,6 +80,22 @@ def replay(run: dict, settings, own: dict[str, int], phase: int | None) -> tuple
                     "straddles": not row.get("counted", True)}
         return inputs
 
+    return inputs_at
+
+
+def replay(run: dict, settings, own: dict[str, int], phase: int | None) -> tuple[dict[str, int | None], int | None]:
+    """Module -> its freeze step under ``settings`` on the run's readings, every one
+    (``phase`` None) or every other one from the first (0) or the second (1); and the step
+    where the replay parted from the run (None: replayed to the end)."""
+    from egeria.knowledge.rule import FrontRule
+
+    from rule_replay import replay_front
+
+    rows = run["plasticity"]
+    inputs_at = reading_inputs(rows, settings.window)
+    steps = sorted({r["step"] for r in rows})
+    lag = int(statistics.median(b - a for a, b in zip(steps, steps[1:])))
+    kept = set(steps if phase is None else steps[phase::2])
     sampled = {**run, "plasticity": [r for r in rows if r["step"] in kept]}
     frozen = replay_front(sampled, FrontRule(dataclasses.replace(settings, lag=lag)), None, inputs_at, own=own)
     parted = frozen.pop(None, None)

@@ -63,23 +63,10 @@ def replay(run: dict, settings, own: dict[str, int], wide: bool) -> tuple[dict[s
     from egeria.config import MIN_EVAL_INTERVAL
     from egeria.knowledge.rule import FrontRule
 
-    from idle_replay import raw_floors
     from rule_replay import replay_front
-    from span_replay import regimes
+    from span_replay import reading_inputs
 
-    rows = run["plasticity"]
-    floors = dict(zip(map(id, rows), raw_floors(rows, settings.window, MIN_EVAL_INTERVAL)))
-    regime = regimes(rows)
-
-    def inputs_at(step: int, readings: dict[str, dict]):
-        def inputs(module: str) -> dict:
-            row = readings[module]
-            lr, share = row.get("lr"), row.get("lr_share")
-            return {"lr": lr, "floor": floors[id(row)], "mass": row.get("mass"), "ahead": row.get("mass_ahead"),
-                    "peak": lr / share if lr and share else None, "step": step, "regime": regime[step],
-                    "straddles": not row.get("counted", True)}
-        return inputs
-
+    inputs_at = reading_inputs(run["plasticity"], settings.window, MIN_EVAL_INTERVAL)
     rule = FrontRule(dataclasses.replace(settings, lag=MIN_EVAL_INTERVAL))
     frozen = replay_front(run, rule, None, inputs_at, own=own, cap=cap_of(run), wide=wide)
     parted = frozen.pop(None, None)

@@ -161,7 +161,5 @@ class RunLayers:
         while it still moves)."""
         if not self._told_nothing_freezes:
             self._told_nothing_freezes = True
-            if quiet:
-                logger.warning("Egeria can freeze nothing in this model while it still moves: %s", why)
-            else:
-                logger.warning("Egeria can freeze nothing in this model: %s", why)
+            when = " while it still moves" if quiet else ""
+            logger.warning("Egeria can freeze nothing in this model%s: %s", when, why)

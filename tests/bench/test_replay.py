@@ -21,7 +21,7 @@ class SettlesAt:
     def compare(self, indices) -> None:
         pass
 
-    def settled_front(self, indices) -> int:
+    def settled_front(self, indices, cap=None) -> int:
         count = 0
         while count < len(indices) and self.step >= self.steps[indices[count]]:
             count += 1
