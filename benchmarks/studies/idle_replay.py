@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -108,16 +107,15 @@ def replay(run: dict, settings, own: dict[str, int]) -> tuple[dict[str, int | No
 
 def main(argv: list[str] | None = None) -> int:
     from egeria import EgeriaConfig
-    from egeria.bench.machine import describe_machine
     from egeria.knowledge.policy import rule_settings
+
+    from rule_replay import announce, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", default=SUITE)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    command = shlex.join([".venv/bin/python", "benchmarks/studies/idle_replay.py", *(sys.argv[1:] if argv is None else argv)])
-    print("command:", command)
-    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    command = announce("idle_replay.py", sys.argv[1:] if argv is None else argv)
     settings = rule_settings(EgeriaConfig())
     # the spent test was retired by record 038; its committed replays were made before
     variants = {"the default": settings,
@@ -152,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<16}" + "; ".join(cells)
                   + ("" if parted is None else f" [parted from the run at step {parted}]"))
         results.append(entry)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": command, "machine": describe_machine(),
-                                    "idle_share": settings.idle_share,
-                                    "results": results}, indent=1) + "\n")
-    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    write_results(args.out, command, idle_share=settings.idle_share, results=results)
     return 0
 
 

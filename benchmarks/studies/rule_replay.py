@@ -96,6 +96,26 @@ class RawFloors:
         return value
 
 
+def announce(script: str, argv: list[str]) -> str:
+    """The replay's command line (``script`` under ``benchmarks/studies/`` with ``argv``),
+    printed with the machine: a replay trains nothing, so the machine only ran the rule."""
+    from egeria.bench.machine import describe_machine
+
+    command = shlex.join([".venv/bin/python", f"benchmarks/studies/{script}", *argv])
+    print("command:", command)
+    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    return command
+
+
+def write_results(out: Path, command: str, **fields) -> None:
+    """Writes the command, the machine and ``fields`` to ``out`` as JSON, and says where."""
+    from egeria.bench.machine import describe_machine
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "machine": describe_machine(), **fields}, indent=1) + "\n")
+    print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
 def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, int] | None = None,
                  cap: int | None = None, wide: bool = False) -> dict[str, int | None]:
     """Module -> the step of the evaluation at which ``rule`` (a
@@ -164,11 +184,7 @@ def replay(run: dict, schedule, horizon: float, until: int | None) -> dict[str, 
 
 
 def main() -> int:
-    from egeria.bench.machine import describe_machine
-
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/studies/rule_replay.py", *sys.argv[1:]])
-    print("command:", command)
-    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    command = announce("rule_replay.py", sys.argv[1:])
     results = []
     for name, (path, written) in RUNS.items():
         run = json.loads((ROOT / path).read_text())

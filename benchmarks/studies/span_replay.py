@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -104,14 +103,12 @@ def replay(run: dict, settings, own: dict[str, int], phase: int | None) -> tuple
 
 def main() -> int:
     from egeria import EgeriaConfig
-    from egeria.bench.machine import describe_machine
     from egeria.knowledge.policy import rule_settings
 
     from idle_replay import SUITE
+    from rule_replay import announce, write_results
 
-    command = shlex.join([".venv/bin/python", "benchmarks/studies/span_replay.py", *sys.argv[1:]])
-    print("command:", command)
-    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    command = announce("span_replay.py", sys.argv[1:])
     before = {entry["run"]: entry for entry in json.loads(BEFORE.read_text())["results"]}
     results = []
     for path in SUITE:
@@ -139,9 +136,7 @@ def main() -> int:
                          for m, s in frozen.items()]
                 print(f"    {way:<22}" + "; ".join(cells) + ("" if parted is None else f" [parted at {parted}]"))
         results.append(entry)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"command": command, "machine": describe_machine(), "results": results}, indent=1) + "\n")
-    print(f"\nwrote {OUT.relative_to(ROOT)}")
+    write_results(OUT, command, results=results)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -75,16 +74,15 @@ def replay(run: dict, settings, own: dict[str, int], wide: bool) -> tuple[dict[s
 
 def main(argv: list[str] | None = None) -> int:
     from egeria import EgeriaConfig
-    from egeria.bench.machine import describe_machine
     from egeria.knowledge.policy import rule_settings
+
+    from rule_replay import announce, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", default=SUITE)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    command = shlex.join([".venv/bin/python", "benchmarks/studies/yardstick_replay.py", *(sys.argv[1:] if argv is None else argv)])
-    print("command:", command)
-    print("machine:", describe_machine()["cpu"], "(no training: committed readings only)")
+    command = announce("yardstick_replay.py", sys.argv[1:] if argv is None else argv)
     settings = rule_settings(EgeriaConfig())
     results = []
     for path in args.runs:
@@ -106,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = [f"{m} {s if s is not None else '-'}" for m, s in frozen.items()]
             print(f"  {way:<22}" + "; ".join(cells) + ("" if parted is None else f" [parted from the run at {parted}]"))
         results.append(entry)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": command, "machine": describe_machine(), "results": results}, indent=1) + "\n")
-    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    write_results(args.out, command, results=results)
     return 0
 
 
