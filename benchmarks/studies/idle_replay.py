@@ -59,15 +59,23 @@ SUITE = [
 ]
 
 
-def raw_floors(rows: list[dict], window: int, lag: int | None = None) -> list[float | None]:
+def raw_floors(rows: list[dict], window: int, lag: int | None = None,
+               regime: dict[int, int | None] | None = None) -> list[float | None]:
     """Each row's raw floor, from the smoothed ones (the mean of a module's last W floors
     since its watch last restarted, or with ``lag`` those of the readings within its span of
     W x ``lag`` steps, as the rule on steps keeps them): that many times the smoothed floor
-    less the raw ones before it; a row without a floor restarts the module's."""
+    less the raw ones before it; a row without a floor restarts the module's, and so does,
+    with ``regime`` (step -> the schedule's latest jump), a row of a new regime."""
     raws: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    regimes: dict[str, int | None] = {}
     out: list[float | None] = []
     for row in rows:
         smoothed = row.get("floor")
+        if regime is not None:
+            previous = regimes.get(row["module"], regime[row["step"]])
+            regimes[row["module"]] = regime[row["step"]]
+            if regime[row["step"]] != previous:
+                raws[row["module"]] = []
         if smoothed is None or not row.get("counted", True):
             raws[row["module"]] = []
             out.append(None)

@@ -67,8 +67,8 @@ def reading_inputs(rows: list[dict], window: int, lag: int | None = None):
     run's readings) with the rule's window and, for the rule on steps, D = ``lag``."""
     from idle_replay import raw_floors
 
-    floors = dict(zip(map(id, rows), raw_floors(rows, window, lag)))
     regime = regimes(rows)
+    floors = dict(zip(map(id, rows), raw_floors(rows, window, lag, regime)))
 
     def inputs_at(step: int, readings: dict[str, dict]):
         def inputs(module: str) -> dict:

@@ -143,7 +143,8 @@ def test_readings_at_their_floor_are_quiet_and_freeze_after_w_whatever_the_slope
     # Noise at the floor: every smoothed value is within 2x the smoothed floor.
     values = (1.0, 3.0, 1.0, 3.0, 1.0, 3.0)
     readings = [watch.update(v, floor=1.5) for v in values]
-    assert [r.quiet for r in readings] == [1, 2, 3, 4, 5, 6]
+    # the verdict waits for readings covering a span (W = 3); then it holds at each reading
+    assert [r.quiet for r in readings] == [0, 0, 1, 2, 3, 4]
     assert readings[2].freeze and not readings[1].freeze
     assert readings[2].stale == 0  # no tolerance yet: the slope could not have frozen it
     assert readings[-1].floor == 1.5
@@ -157,12 +158,19 @@ def test_readings_above_their_floor_or_without_one_are_not_quiet(floor_ratio, fl
     assert all(r.floor is None for r in readings) is (floors[0] is None)  # a floor measured is reported
 
 
-def test_one_loud_reading_restarts_the_quiet_count_and_a_new_regime_clears_it():
+def test_the_quiet_verdict_is_the_median_of_three_spans_and_a_new_regime_clears_it():
     watch = ModuleWatch(window=2, tolerance_ratio=0.2, floor_ratio=2.0)
-    assert [watch.update(v, floor=1.0).quiet for v in (1.0, 1.0, 9.0, 1.0, 1.0, 1.0)] == [1, 2, 0, 0, 1, 2]
+    # one loud reading among quiet ones moves the median of the last three spans (6 readings)
+    # no more than any other reading: the verdict holds
+    assert [watch.update(v, floor=1.0).quiet for v in (1.0, 1.0, 9.0, 1.0, 1.0, 1.0)] == [0, 1, 2, 3, 4, 5]
+    # loud for half of the evidence or more: not quiet until quiet readings hold its middle again
+    loud = ModuleWatch(window=2, tolerance_ratio=0.2, floor_ratio=2.0)
+    values = (1.0, 1.0, 9.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0)
+    assert [loud.update(v, floor=1.0).quiet for v in values] == [0, 1, 2, 0, 0, 0, 0, 0, 1]
+    assert loud.quiet_from == loud.evidence_steps[0] == 4  # the verdict holds the evidence from step 4
     watch.new_regime(0.1)
     watch.new_regime(0.01)  # a 10x fall: the average, the floors and the quiet count restart
-    assert watch.quiet == 0 and watch.floors == []
+    assert watch.quiet == 0 and watch.floors == [] and watch.evidence == []
     copy = ModuleWatch.from_state(json.loads(json.dumps(watch.state_dict())))
     assert copy == watch
 
@@ -172,3 +180,33 @@ def test_a_bad_floor_is_rejected_with_its_value():
     for bad in (float("nan"), -1.0):
         with pytest.raises(ValueError, match="floor"):
             watch.update(1.0, floor=bad)
+
+
+def _quiet_freeze(every: int, first: int) -> int | None:
+    """The step at which a module whose drift falls to its floor at step 160, with one loud
+    reading at step 200, freezes quiet when read every ``every`` steps from ``first``."""
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2, floor_ratio=8.0, lag=20)
+    for step in range(first, 1000, every):
+        drift = 60.0 if step == 200 else 30.0 if step < 160 else 3.0
+        watch.update(drift, floor=1.0, step=step)
+        if watch.holds(watch.quiet_from):
+            return step
+    return None
+
+
+def test_a_quiet_verdict_moves_no_more_than_one_interval_with_where_the_readings_fall():
+    # the same drift read every 20 steps and every 40 from either phase: one loud reading
+    # moves the median no more than a quiet one, wherever the sampling catches it
+    steps = [_quiet_freeze(20, 20), _quiet_freeze(40, 20), _quiet_freeze(40, 40)]
+    assert None not in steps and max(steps) - min(steps) <= 40, steps
+
+
+def test_a_watch_saved_before_the_median_takes_its_spans_readings_as_evidence():
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2, floor_ratio=2.0, lag=20)
+    for step in (20, 40, 60, 80):
+        watch.update(1.0, floor=1.0, step=step)
+    state = watch.state_dict()
+    del state["evidence"], state["evidence_steps"]
+    old = ModuleWatch.from_state(state)
+    assert old.evidence == old.raw and old.evidence_steps == old.steps == [40, 60, 80]
+    assert old.update(1.0, floor=1.0, step=100).freeze  # its verdict carries on

@@ -32,7 +32,9 @@ def _controller(model: nn.Module, precision: str = "bf16"):
     partition = egeria.partition_model(model, (torch.randn(4, 8),))
     spec = ControllerSpec(
         partition, float_snapshot(model), precision,
-        RuleSettings(window=3, tolerance_ratio=0.2, floor_ratio=2.0, horizon=0.5),
+        # a window long enough that no module reads quiet for the evidence's span while
+        # the tests read: both modules stay watched
+        RuleSettings(window=5, tolerance_ratio=0.2, floor_ratio=2.0, horizon=0.5),
         threads=1, cpu_threshold=None, span=2,
     )
     return partition, InlineExecutor(spec)

@@ -256,6 +256,7 @@ class Controller:
             "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
             "floor": reading.floor,  # the smoothed floor (None: not measured)
             "quiet": reading.quiet,
+            "median": reading.median,  # the median of the readings the quiet verdict takes
         }
 
     def _front(self, weights: Mapping[str, torch.Tensor], batch: tuple, watched: list[int]) -> list[torch.Tensor]:

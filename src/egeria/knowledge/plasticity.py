@@ -11,18 +11,23 @@ readings are taken does not move them (docs/decisions/038-steps-not-readings.md)
 
 A reading can also come with the module's *floor*: what a reading reads when the module has
 not moved at all (the reference's own error against the training side, measured right after
-a refresh). With ``floor_ratio``, a module is *quiet* at a reading whose smoothed plasticity
-is at most ``floor_ratio`` x its smoothed floor: its drift is within a few times the
+a refresh). With ``floor_ratio``, a module is *quiet* at a reading where the median of its
+readings of the last three spans (at least one span of them, since the schedule's latest
+jump) is at most ``floor_ratio`` x its smoothed floor: its drift is within a few times the
 reference's own error, where the slope is mostly noise (``rule="egeria"``; how far above
 its floor a fine-tuned front and a front trained from scratch read:
-docs/decisions/012-floor-ratio.md).
+docs/decisions/012-floor-ratio.md). Near its floor a module's readings swing tenfold from
+one to the next, so the verdict is taken on their middle: no single reading makes or breaks
+it, and how densely the spans are sampled moves it less
+(docs/decisions/042-quiet-on-the-median.md).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from ..checkpoint.statecheck import Spec, boolean, integer, items, number, optional, record
 
@@ -37,6 +42,9 @@ TOLERANCE_LAGS = 3
 # A learning rate this many times higher or lower than at a module's previous reading
 # starts a new regime of its plasticity (rule="egeria").
 REGIME_CHANGE = 2.0
+# The quiet test takes the median of a module's readings of this many spans (at least one
+# span of them): docs/decisions/042-quiet-on-the-median.md.
+QUIET_SPANS = 3
 
 
 def least_squares_slope(values: list[float], steps: Sequence[int] | None = None, unit: int = 1) -> float:
@@ -65,7 +73,8 @@ class Reading:
     freeze: bool  # the module should freeze now
     counted: bool = True  # False: it straddled a learning-rate change and joined no average
     floor: float | None = None  # the smoothed floor (None: no floor known)
-    quiet: int = 0  # consecutive readings at most floor_ratio x the floor, this one included
+    quiet: int = 0  # consecutive quiet verdicts (docs/decisions/042-quiet-on-the-median.md), this one included
+    median: float | None = None  # the median of the readings the quiet verdict takes (None: not counted)
 
 
 @dataclass
@@ -98,6 +107,7 @@ class ModuleWatch:
     tolerance_ratio: float
     floor_ratio: float | None = None
     lag: int = 1
+    quiet_spans: ClassVar[int] = QUIET_SPANS  # the spans of readings the quiet verdict takes
     raw: list[float] = field(default_factory=list)
     smoothed: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)  # the steps of raw and smoothed, alike
@@ -113,8 +123,10 @@ class ModuleWatch:
     straddling: bool = False  # the coming reading spans a learning-rate change
     floors: list[float] = field(default_factory=list)  # the floors of the span
     floor_steps: list[int] = field(default_factory=list)
-    quiet: int = 0
-    quiet_from: int | None = None
+    quiet: int = 0  # consecutive quiet verdicts
+    quiet_from: int | None = None  # the first reading of the evidence the latest quiet verdict holds
+    evidence: list[float] = field(default_factory=list)  # the raw readings of the last quiet_spans spans
+    evidence_steps: list[int] = field(default_factory=list)
     idle: int = 0  # consecutive evaluations it read idle (counted by FrontRule.compare)
     idle_from: int | None = None
 
@@ -163,6 +175,7 @@ class ModuleWatch:
         self.raw, self.smoothed, self.steps = [], [], []
         self.stale, self.stale_from = 0, None
         self.floors, self.floor_steps, self.quiet, self.quiet_from = [], [], 0, None
+        self.evidence, self.evidence_steps = [], []
         self.idle, self.idle_from = 0, None
         self.straddling = straddles or regime is None
         return True
@@ -211,11 +224,17 @@ class ModuleWatch:
             kept_floors = [(s, v) for s, v in zip(self.floor_steps, self.floors) if self.within(s, step)]
             self.floor_steps = [s for s, _ in kept_floors] + [step]
             self.floors = [v for _, v in kept_floors] + [float(floor)]
-        level = self.floor_level
-        quiet = self.floor_ratio is not None and level is not None and smoothed <= self.floor_ratio * level
-        self.quiet, self.quiet_from = (self.quiet + 1, self.quiet_from if self.quiet else step) if quiet else (0, None)
+        kept_evidence = [(s, v) for s, v in zip(self.evidence_steps, self.evidence)
+                         if s >= step - self.quiet_spans * self.span + self.lag]
+        self.evidence_steps = [s for s, _ in kept_evidence] + [step]
+        self.evidence = [v for _, v in kept_evidence] + [float(plasticity)]
+        level, median = self.floor_level, statistics.median(self.evidence)
+        quiet = (self.floor_ratio is not None and level is not None and self.covered(self.evidence_steps[0]) >= self.span
+                 and median <= self.floor_ratio * level)
+        self.quiet, self.quiet_from = (self.quiet + 1, self.evidence_steps[0]) if quiet else (0, None)
         freeze = self.holds(self.stale_from) or self.holds(self.quiet_from)
-        return Reading(float(plasticity), smoothed, slope, self.tolerance, self.stale, freeze, floor=level, quiet=self.quiet)
+        return Reading(float(plasticity), smoothed, slope, self.tolerance, self.stale, freeze, floor=level, quiet=self.quiet,
+                       median=median)
 
     def mark_idle(self, idle: bool) -> None:
         """Notes whether the latest reading was idle (:meth:`FrontRule.compare`)."""
@@ -249,6 +268,8 @@ class ModuleWatch:
             "floor_steps": list(self.floor_steps),
             "quiet": self.quiet,
             "quiet_from": self.quiet_from,
+            "evidence": list(self.evidence),
+            "evidence_steps": list(self.evidence_steps),
             "idle": self.idle,
             "idle_from": self.idle_from,
         }
@@ -257,14 +278,19 @@ class ModuleWatch:
     def from_state(cls, state: dict) -> ModuleWatch:
         """The watch a :meth:`state_dict` saved. One saved before the rule's timing was in
         steps (no ``steps``) counted readings: its runs and averages cannot be placed on
-        steps, so they start afresh (its tolerance, learning rate and regime stay)."""
+        steps, so they start afresh (its tolerance, learning rate and regime stay). One saved
+        before the quiet test took the median holds the readings of one span: they
+        are its evidence."""
         if "steps" not in state:
             kept = ("window", "tolerance_ratio", "floor_ratio", "first_slopes", "tolerance", "readings", "lr", "regime")
             watch = cls(**{k: state[k] for k in kept if k in state})
             if watch.tolerance is None:
                 watch.first_slopes = []
             return watch
-        return cls(**state)
+        watch = cls(**state)
+        if "evidence" not in state:  # saved before the quiet test took the median: its span's readings
+            watch.evidence, watch.evidence_steps = list(watch.raw), list(watch.steps)
+        return watch
 
     @staticmethod
     def state_spec() -> Spec:
@@ -294,10 +320,12 @@ class ModuleWatch:
                 "floor_steps": steps,
                 "quiet": integer(0),
                 "quiet_from": optional(integer(0)),
+                "evidence": values,
+                "evidence_steps": steps,
                 "idle": integer(0),
                 "idle_from": optional(integer(0)),
             },
             optional=("floor_ratio", "lag", "raw", "smoothed", "steps", "first_slopes", "first_slope_step", "tolerance",
                       "stale", "stale_from", "readings", "step", "lr", "regime", "straddling", "floors", "floor_steps",
-                      "quiet", "quiet_from", "idle", "idle_from"),
+                      "quiet", "quiet_from", "evidence", "evidence_steps", "idle", "idle_from"),
         )

@@ -299,8 +299,10 @@ class KnowledgeGuided:
         if not blocked:
             blocked.append("its last readings met the rule too late for a freeze to be applied before the run ended")
         if self.config.floor_ratio and last.get("floor"):
-            blocked.append(f"nor was it quiet: plasticity {last['smoothed'] / last['floor']:.3g}x its floor, against "
-                           f"floor_ratio={self.config.floor_ratio:g}")
+            middle = last.get("median")
+            middle = last["smoothed"] if middle is None else middle  # a row from before the median: its average
+            blocked.append(f"nor was it quiet: the median of its plasticity readings {middle / last['floor']:.3g}x its "
+                           f"floor, against floor_ratio={self.config.floor_ratio:g}")
         idle, share = self.rule_settings.idle_share, last.get("active_share")
         if idle is not None and share is not None:
             blocked.append(f"nor idle: plasticity {share:.2g} of the most active watched module's, against {idle:g}")

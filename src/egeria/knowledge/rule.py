@@ -20,9 +20,11 @@ modules within one reading interval.
 1. *Settled*: the slope of the module's smoothed readings, fitted against the step, stayed
    within its tolerance at every reading of a span (the paper's test: its drift stopped
    falling).
-2. *Still*: it no longer moves at all, by either scale, for a span: *quiet*, its readings
-   within ``floor_ratio`` of the reference's own error (a pretrained front in fine-tuning:
-   docs/decisions/012-floor-ratio.md), or *idle*, at most ``idle_share`` (1/100) of the most
+2. *Still*: it no longer moves at all, by either scale: *quiet*, the median of its readings
+   of the last three spans (a span of them at least) within ``floor_ratio`` of the
+   reference's own error (a pretrained front in fine-tuning: docs/decisions/012-floor-ratio.md;
+   the median, so that no single reading makes or breaks the verdict:
+   docs/decisions/042-quiet-on-the-median.md), or *idle* for a span, at most ``idle_share`` (1/100) of the most
    active watched module's within the cap (a pretrained layer being adapted while the layers
    the network learns with move a hundredfold more: docs/decisions/032-idle-modules.md). A
    still module freezes on that alone, however much of the schedule is ahead.
@@ -96,9 +98,9 @@ class RuleSettings:
         regimes: a jump of the schedule (or, without one known, a 2x change of the learning
             rate between readings) starts each module's span afresh
             (:meth:`ModuleWatch.new_regime`).
-        floor_ratio: a module is quiet at readings whose smoothed plasticity is at most this
-            many times its smoothed floor (what it reads when it has not moved). None:
-            floors are not compared (nor measured).
+        floor_ratio: a module is quiet at readings where the median of its readings of the
+            last three spans is at most this many times its smoothed floor (what it reads
+            when it has not moved). None: floors are not compared (nor measured).
         low_lr: a module that is not still freezes only at a learning rate at most this
             share of the run's peak (None: any learning rate, as in the paper).
         idle_share: a module is idle at evaluations where its smoothed plasticity is at
@@ -327,7 +329,8 @@ class FrontRule:
         return share is not None and at_most(share, self.low_lr)
 
     def quiet(self, index: int) -> bool:
-        """Whether module ``index`` has read at its floor for a span."""
+        """Whether module ``index`` reads at its floor: the median of its readings of the last
+        three spans, a span of them at least."""
         watch = self.watches.get(index)
         return watch is not None and watch.holds(watch.quiet_from)
 

@@ -13,9 +13,12 @@ lag, D                     20               a reading's drift (the reference is 
                                             before it); a bootstrapping interval of the loss; a
                                             decision applies D steps after its reading, whichever
                                             executor answers it
-span, S = W x D            60               a module settled, quiet or idle at every reading of S
+span, S = W x D            60               a module settled or idle at every reading of S
                                             steps; the moving average, the slope fit, the paces
                                             and the floors take the readings of the last S steps
+quiet evidence             3 S = 180        the quiet test takes the median of the readings of
+                                            the last three spans, a span of them at least; five
+                                            readings at the longest interval
 after a schedule jump      S (+ D)          a module's span starts afresh at a jump; the reading
                                             whose drift spans the jump joins neither side
 longest interval (W-1) D   40               the cost budget may space readings up to this, so
@@ -24,7 +27,8 @@ longest interval (W-1) D   40               the cost budget may space readings u
 =========================  ===============  =====================================================
 
 Evidence for D = 20: docs/decisions/003-eval-interval.md (readings closer than about 20
-steps cannot tell convergence from SGD noise); for W = 3: docs/decisions/009-window-3.md.
+steps cannot tell convergence from SGD noise); for W = 3: docs/decisions/009-window-3.md; for
+the quiet test's three spans: docs/decisions/042-quiet-on-the-median.md.
 """
 
 from __future__ import annotations

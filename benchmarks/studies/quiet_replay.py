@@ -1,0 +1,164 @@
+"""Is a module quiet on every average of a run, or on the median of its readings? Replayed on runs.
+
+Record 042 (docs/decisions/042-quiet-on-the-median.md) judges the quiet test (a module's drift
+within ``floor_ratio`` of the reference's own error) on the median of the module's readings of
+the last three spans, where it was judged on every moving average of a run of readings that
+covers a span. This replays the library's rule (:class:`egeria.knowledge.rule.FrontRule`, the
+settings ``EgeriaConfig()`` gives, D = ``egeria.config.MIN_EVAL_INTERVAL`` or a pinned interval
+below it) on committed runs
+made before the change, with three quiet tests:
+
+- ``every average``: the test the runs were made with (it must reproduce their own freezes);
+- ``median of 2 spans`` and ``median of 3 spans`` (the test as it is): the median of the
+  raw readings of the last two or three spans, at least one span of them, at most
+  ``floor_ratio`` x the floor;
+
+front first as the controller does, stopping after the first evaluation where a replay parts
+from the run's own freezes (past it the readings come from a model the replayed rule would
+not have trained): the freezes of that evaluation are the replay's last.
+
+The runs: (a) seed 0 from scratch, the demo's task nine times (the same-decisions matrix: three
+runs in the default layout, three channels-last, the reading interval pinned at 10, 20 and 40),
+(e) seeds 0 and 1 each twice, (f) seed 0; all made with record 041's code on one 2-core Intel
+Xeon VM.
+
+    .venv/bin/python benchmarks/studies/quiet_replay.py [RUN.json ...]
+
+Prints the command, the machine and, per run, each module's freeze step per test ("-": not by
+the end of the replay); writes ``benchmarks/results/quiet_replay/replay.json``. No training:
+seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from egeria.knowledge.plasticity import ModuleWatch, Reading
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+OUT = ROOT / "benchmarks/results/quiet_replay/replay.json"
+RUNS = "benchmarks/results/tta-full"
+MATRIX = "benchmarks/results/same-decisions/intel-avx512-quiet"
+SUITE = [
+    f"{RUNS}/intel-avx512-quiet/cpu/resnet-fmnist/egeria-cache-seed0.json",
+    *(f"{MATRIX}/{name}.json" for name in ("default-1", "default-2", "default-3", "channels-last-1",
+                                           "channels-last-2", "channels-last-3", "n10", "n20", "n40")),
+    f"{RUNS}/intel-avx512-quiet/cpu/finetune-mnist/egeria-cache-seed0.json",
+    f"{RUNS}/intel-avx512-turns/cpu/finetune-mnist/egeria-cache-seed0.json",
+    f"{RUNS}/intel-avx512-quiet/cpu/finetune-mnist/egeria-cache-seed1.json",
+    f"{RUNS}/intel-avx512-turns/cpu/finetune-mnist/egeria-cache-seed1.json",
+    f"{RUNS}/intel-avx512-quiet/cpu/minilm-ptb-order/egeria-seed0.json",
+]
+
+
+class EveryAverage(ModuleWatch):
+    """The quiet test before record 042: quiet at a reading whose moving average (over the
+    span) is at most ``floor_ratio`` x the floor, freezing once a run of such readings
+    covers a span."""
+
+    def update(self, plasticity: float, floor: float | None = None, step: int | None = None) -> Reading:
+        run, since = self.quiet, self.quiet_from
+        reading = super().update(plasticity, floor, step)
+        if not reading.counted:
+            self.quiet, self.quiet_from = run, since
+            return reading
+        level = self.floor_level
+        quiet = self.floor_ratio is not None and level is not None and reading.smoothed <= self.floor_ratio * level
+        self.quiet, self.quiet_from = (run + 1, since if run else self.step) if quiet else (0, None)
+        freeze = self.holds(self.stale_from) or self.holds(self.quiet_from)
+        return dataclasses.replace(reading, freeze=freeze, quiet=self.quiet)
+
+
+class MedianOfTwo(ModuleWatch):
+    """The median of the readings of two spans."""
+
+    quiet_spans = 2
+
+
+TESTS = {"every average": EveryAverage, "median of 2 spans": MedianOfTwo, "median of 3 spans": ModuleWatch}
+
+
+@contextlib.contextmanager
+def watches_of(kind: type[ModuleWatch]):
+    """The rule's watches are ``kind`` while the block runs."""
+    import egeria.knowledge.rule as rule_module
+
+    saved = rule_module.ModuleWatch
+    rule_module.ModuleWatch = kind
+    try:
+        yield
+    finally:
+        rule_module.ModuleWatch = saved
+
+
+def as_run(record: dict) -> dict:
+    """A bench run as it is; a same-decisions run (its readings under ``history``) with its
+    readings and modules as a bench run holds them."""
+    if "plasticity" in record:
+        return record
+    rows = record["history"]
+    return {**record, "plasticity": rows, "modules": list(dict.fromkeys(r["module"] for r in rows))}
+
+
+def replay(run: dict, settings, own: dict[str, int], kind: type[ModuleWatch]) -> tuple[dict, int | None]:
+    """Module -> its freeze step with watches of ``kind``; and the step where the replay
+    parted from the run (None: replayed to the end)."""
+    from egeria.config import MIN_EVAL_INTERVAL
+    from egeria.knowledge.rule import FrontRule
+
+    from rule_replay import replay_front
+    from span_replay import reading_inputs
+    from yardstick_replay import cap_of
+
+    # D: an interval pinned below it shortens each reading's drift to the interval
+    lag = min(MIN_EVAL_INTERVAL, int(run.get("eval_interval") or MIN_EVAL_INTERVAL))
+    inputs_at = reading_inputs(run["plasticity"], settings.window, lag)
+    with watches_of(kind):
+        rule = FrontRule(dataclasses.replace(settings, lag=lag))
+        frozen = replay_front(run, rule, None, inputs_at, own=own, cap=cap_of(run))
+    parted = frozen.pop(None, None)
+    return frozen, parted
+
+
+def main(argv: list[str] | None = None) -> int:
+    from egeria import EgeriaConfig
+    from egeria.knowledge.policy import rule_settings
+
+    from rule_replay import announce, write_results
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", default=SUITE)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    command = announce("quiet_replay.py", sys.argv[1:] if argv is None else argv)
+    settings = rule_settings(EgeriaConfig())
+    results = []
+    for path in args.runs:
+        if not (ROOT / path).exists():
+            print(f"\n{path}: not run (skipped)")
+            continue
+        run = as_run(json.loads((ROOT / path).read_text()))
+        # each freeze at the step of the reading that decided it (it applied D steps later)
+        own = {m: e.get("evaluated_at") or e["step"] for e in run.get("events", []) if e.get("action") == "freeze"
+               for m in e["modules"]}
+        print(f"\n{path}: its own freezes, at their readings' steps, "
+              + (", ".join(f"{m} {s}" for m, s in own.items()) or "none"))
+        entry = {"run": path, "own_freezes": own, "replays": {}, "parted_at": {}}
+        for name, kind in TESTS.items():
+            frozen, parted = replay(run, settings, own, kind)
+            entry["replays"][name], entry["parted_at"][name] = frozen, parted
+            cells = [f"{m} {s if s is not None else '-'}" for m, s in frozen.items()]
+            print(f"  {name:<18}" + "; ".join(cells) + ("" if parted is None else f" [parted from the run at {parted}]"))
+        results.append(entry)
+    write_results(args.out, command, results=results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
