@@ -205,7 +205,9 @@ class Controller:
         """Why the front module ``index`` freezes, in words."""
         span = f"a span of {self.rule.span} steps"
         if self.rule.quiet(index):
-            return f"plasticity within {self.rule.floor_ratio:g}x the reference's own error for {span}"
+            watch = self.rule.watches[index]
+            return (f"the median of its plasticity readings of the last {watch.covered(watch.quiet_from)} steps within "
+                    f"{self.rule.floor_ratio:g}x the reference's own error")
         if self.rule.idle(index):
             active = self.rule.active
             return (
