@@ -19,6 +19,7 @@ not have trained): the freezes of that evaluation are the replay's last.
 
 The runs: (a) seed 0 from scratch, the demo's task nine times (the same-decisions matrix: three
 runs in the default layout, three channels-last, the reading interval pinned at 10, 20 and 40),
+the demo's default arm on seeds 0-2,
 (e) seeds 0 and 1 each twice, (f) seed 0; all made with record 041's code on one 2-core Intel
 Xeon VM.
 
@@ -49,6 +50,7 @@ SUITE = [
     f"{RUNS}/intel-avx512-quiet/cpu/resnet-fmnist/egeria-cache-seed0.json",
     *(f"{MATRIX}/{name}.json" for name in ("default-1", "default-2", "default-3", "channels-last-1",
                                            "channels-last-2", "channels-last-3", "n10", "n20", "n40")),
+    *(f"benchmarks/results/demo/intel-avx512-quiet/seed{seed}/demo.json" for seed in (0, 1, 2)),
     f"{RUNS}/intel-avx512-quiet/cpu/finetune-mnist/egeria-cache-seed0.json",
     f"{RUNS}/intel-avx512-turns/cpu/finetune-mnist/egeria-cache-seed0.json",
     f"{RUNS}/intel-avx512-quiet/cpu/finetune-mnist/egeria-cache-seed1.json",
@@ -98,10 +100,12 @@ def watches_of(kind: type[ModuleWatch]):
 
 
 def as_run(record: dict) -> dict:
-    """A bench run as it is; a same-decisions run (its readings under ``history``) with its
-    readings and modules as a bench run holds them."""
+    """A bench run as it is; a same-decisions run (its readings under ``history``), or a
+    demo's default arm, with its readings and modules as a bench run holds them."""
     if "plasticity" in record:
         return record
+    if "runs" in record:  # egeria demo's JSON: the default arm
+        record = record["runs"]["egeria"]
     rows = record["history"]
     return {**record, "plasticity": rows, "modules": list(dict.fromkeys(r["module"] for r in rows))}
 
