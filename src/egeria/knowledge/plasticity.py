@@ -61,6 +61,12 @@ def least_squares_slope(values: list[float], steps: Sequence[int] | None = None,
     return num / den
 
 
+def _appended(steps: list[int], values: list[float], step: int, value: float, since: int) -> tuple[list[int], list[float]]:
+    """``steps`` and ``values`` kept from step ``since`` on, with ``value`` read at ``step`` added."""
+    kept = [(s, v) for s, v in zip(steps, values) if s >= since]
+    return [s for s, _ in kept] + [step], [v for _, v in kept] + [float(value)]
+
+
 @dataclass(frozen=True)
 class Reading:
     """What the rule made of one plasticity value."""
@@ -221,13 +227,10 @@ class ModuleWatch:
             stale = abs(slope) <= max(self.tolerance, flat_floor)
             self.stale, self.stale_from = (self.stale + 1, self.stale_from if self.stale else step) if stale else (0, None)
         if floor is not None:
-            kept_floors = [(s, v) for s, v in zip(self.floor_steps, self.floors) if self.within(s, step)]
-            self.floor_steps = [s for s, _ in kept_floors] + [step]
-            self.floors = [v for _, v in kept_floors] + [float(floor)]
-        kept_evidence = [(s, v) for s, v in zip(self.evidence_steps, self.evidence)
-                         if s >= step - self.quiet_spans * self.span + self.lag]
-        self.evidence_steps = [s for s, _ in kept_evidence] + [step]
-        self.evidence = [v for _, v in kept_evidence] + [float(plasticity)]
+            self.floor_steps, self.floors = _appended(self.floor_steps, self.floors, step, floor,
+                                                      since=step - self.span + self.lag)
+        self.evidence_steps, self.evidence = _appended(self.evidence_steps, self.evidence, step, plasticity,
+                                                       since=step - self.quiet_spans * self.span + self.lag)
         level, median = self.floor_level, statistics.median(self.evidence)
         quiet = (self.floor_ratio is not None and level is not None and self.covered(self.evidence_steps[0]) >= self.span
                  and median <= self.floor_ratio * level)
