@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from egeria import EgeriaConfig
     from egeria.knowledge.policy import rule_settings
 
-    from rule_replay import announce, write_results
+    from rule_replay import announce, own_freezes, print_replay, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", default=SUITE)
@@ -148,17 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{path}: not run (skipped)")
             continue
         run = as_run(json.loads((ROOT / path).read_text()))
-        # each freeze at the step of the reading that decided it (it applied D steps later)
-        own = {m: e.get("evaluated_at") or e["step"] for e in run.get("events", []) if e.get("action") == "freeze"
-               for m in e["modules"]}
+        own = own_freezes(run)
         print(f"\n{path}: its own freezes, at their readings' steps, "
               + (", ".join(f"{m} {s}" for m, s in own.items()) or "none"))
         entry = {"run": path, "own_freezes": own, "replays": {}, "parted_at": {}}
         for name, kind in TESTS.items():
             frozen, parted = replay(run, settings, own, kind)
             entry["replays"][name], entry["parted_at"][name] = frozen, parted
-            cells = [f"{m} {s if s is not None else '-'}" for m, s in frozen.items()]
-            print(f"  {name:<18}" + "; ".join(cells) + ("" if parted is None else f" [parted from the run at {parted}]"))
+            print_replay(name, 18, frozen, parted)
         results.append(entry)
     write_results(args.out, command, results=results)
     return 0

@@ -116,6 +116,20 @@ def write_results(out: Path, command: str, **fields) -> None:
     print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 
 
+def own_freezes(run: dict) -> dict[str, int]:
+    """Module -> the step of the reading that decided the run's own freeze of it (the freeze
+    applied D steps later; a run from before ``evaluated_at``: the step it applied)."""
+    return {m: e.get("evaluated_at") or e["step"] for e in run.get("events", []) if e.get("action") == "freeze"
+            for m in e["modules"]}
+
+
+def print_replay(way: str, width: int, frozen: dict[str, int | None], parted: int | None) -> None:
+    """One replay's line: each module's freeze step ("-": not by the end of the replay) and
+    where it parted from the run."""
+    cells = [f"{m} {s if s is not None else '-'}" for m, s in frozen.items()]
+    print(f"  {way:<{width}}" + "; ".join(cells) + ("" if parted is None else f" [parted from the run at {parted}]"))
+
+
 def replay_front(run: dict, rule, until: int | None, inputs_at, own: dict[str, int] | None = None,
                  cap: int | None = None, wide: bool = False) -> dict[str, int | None]:
     """Module -> the step of the evaluation at which ``rule`` (a

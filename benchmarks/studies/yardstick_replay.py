@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from egeria import EgeriaConfig
     from egeria.knowledge.policy import rule_settings
 
-    from rule_replay import announce, write_results
+    from rule_replay import announce, own_freezes, print_replay, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", default=SUITE)
@@ -90,9 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{path}: not run (skipped)")
             continue
         run = json.loads((ROOT / path).read_text())
-        # each freeze at the step of the reading that decided it (it applied D steps later)
-        own = {m: e.get("evaluated_at") or e["step"] for e in run.get("events", []) if e.get("action") == "freeze"
-               for m in e["modules"]}
+        own = own_freezes(run)
         cap = cap_of(run)
         print(f"\n{path} ({run['task']}, seed {run['seed']}, {run['total_steps']} steps, {cap} modules within the "
               "cap): its own freezes, at their readings' steps, " + (", ".join(f"{m} {s}" for m, s in own.items()) or "none"))
@@ -101,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         for way, wide in WAYS.items():
             frozen, parted = replay(run, settings, own, wide)
             entry["replays"][way], entry["parted_at"][way] = frozen, parted
-            cells = [f"{m} {s if s is not None else '-'}" for m, s in frozen.items()]
-            print(f"  {way:<22}" + "; ".join(cells) + ("" if parted is None else f" [parted from the run at {parted}]"))
+            print_replay(way, 22, frozen, parted)
         results.append(entry)
     write_results(args.out, command, results=results)
     return 0
