@@ -53,21 +53,20 @@ def _run_at_cost(monkeypatch, cost: float, steps: int = 240):
         return [d for d in decisions if d.action == "freeze"], eg.eval_interval
 
 
-def test_a_reading_four_times_cheaper_or_dearer_freezes_the_same_modules_within_two_intervals(monkeypatch):
+def test_a_reading_four_times_cheaper_or_dearer_freezes_the_same_modules_within_one_interval(monkeypatch):
     """The cost budget (1%) asks n = 2, 8 and 32 for a reading of 2, 8 and 32 ms against a
     100 ms step: the readings come every 4, 8 and 8 steps (D = 4, at most (W - 1) x D = 8),
     once the first readings, one every D steps, have set the tolerances; the same modules
-    freeze, each within two of the coarsest intervals of the others: a settled run's start
-    and its end are each seen at a reading (docs/decisions/038-steps-not-readings.md). One
-    interval does not hold here: the last two modules freeze at step 56 read every 4 steps
-    and at 68 read every 8."""
+    freeze at the same steps, within one of the coarsest interval (8 steps): the spans the
+    rule counts are steps, and a reading four times cheaper or dearer only reads them more
+    or less densely (docs/decisions/038-steps-not-readings.md)."""
     runs = {cost: _run_at_cost(monkeypatch, cost) for cost in (0.002, 0.008, 0.032)}
     assert [n for _, n in runs.values()] == [4, 8, 8]
     frozen_at = [{name: d.step for d in freezes for name in d.modules} for freezes, _ in runs.values()]
-    assert frozen_at[0], "the test needs freezes"
+    assert len(frozen_at[0]) >= 2, "the test needs freezes"
     for other in frozen_at[1:]:
         assert other.keys() == frozen_at[0].keys()
-        assert all(abs(other[name] - step) <= 2 * 8 for name, step in frozen_at[0].items()), (frozen_at[0], other)
+        assert all(abs(other[name] - step) <= 8 for name, step in frozen_at[0].items()), (frozen_at[0], other)
 
 
 # -- one drift, sampled at different intervals ----------------------------------------------
