@@ -21,7 +21,10 @@ The runs: (a) seed 0 from scratch, the demo's task nine times (the same-decision
 runs in the default layout, three channels-last, the reading interval pinned at 10, 20 and 40),
 the demo's default arm on seeds 0-2,
 (e) seeds 0 and 1 each twice, (f) seed 0; all made with record 041's code on one 2-core Intel
-Xeon VM.
+Xeon VM. Then (b), (c) and (d), seeds 0 and 1, from their committed suite runs (an AMD EPYC VM,
+code from before record 038): the rule as it stands does not reproduce those runs' own freezes
+(its spans and bounds changed since), so there the three tests are compared with one another
+on the same readings, not with the run.
 
     .venv/bin/python benchmarks/studies/quiet_replay.py [RUN.json ...]
 
@@ -56,6 +59,8 @@ SUITE = [
     f"{RUNS}/intel-avx512-quiet/cpu/finetune-mnist/egeria-cache-seed1.json",
     f"{RUNS}/intel-avx512-turns/cpu/finetune-mnist/egeria-cache-seed1.json",
     f"{RUNS}/intel-avx512-quiet/cpu/minilm-ptb-order/egeria-seed0.json",
+    *(f"{RUNS}/cpu/{task}-seed{seed}.json" for task in ("vgg-fmnist/egeria-cache", "transformer-ptb-cosine/egeria-cache",
+                                                           "gpt-ptb-order/egeria") for seed in (0, 1)),
 ]
 
 
