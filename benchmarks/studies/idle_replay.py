@@ -65,11 +65,16 @@ def raw_floors(rows: list[dict], window: int, lag: int | None = None,
     since its watch last restarted, or with ``lag`` those of the readings within its span of
     W x ``lag`` steps, as the rule on steps keeps them): that many times the smoothed floor
     less the raw ones before it; a row without a floor restarts the module's, and so does,
-    with ``regime`` (step -> the schedule's latest jump), a row of a new regime."""
+    with ``regime`` (step -> the schedule's latest jump), a row of a new regime. A row that
+    recorded its raw floor (``raw_floor``: runs made since record 043, whose smoothed floor is
+    a median, not a mean) gives it as it is."""
     raws: dict[str, list[tuple[int, float]]] = defaultdict(list)
     regimes: dict[str, int | None] = {}
     out: list[float | None] = []
     for row in rows:
+        if "raw_floor" in row:
+            out.append(row["raw_floor"] if row.get("counted", True) else None)
+            continue
         smoothed = row.get("floor")
         if regime is not None:
             previous = regimes.get(row["module"], regime[row["step"]])

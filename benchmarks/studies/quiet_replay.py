@@ -13,9 +13,11 @@ made before the change, with three quiet tests:
   raw readings of the last two or three spans, at least one span of them, at most
   ``floor_ratio`` x the floor;
 
-front first as the controller does, stopping after the first evaluation where a replay parts
-from the run's own freezes (past it the readings come from a model the replayed rule would
-not have trained): the freezes of that evaluation are the replay's last.
+each with record 042's floor, the mean of the span's floors (record 043 takes their median:
+``floor_replay.py``), front first as the controller does, stopping after the first
+evaluation where a replay parts from the run's own freezes (past it the readings come from a
+model the replayed rule would not have trained): the freezes of that evaluation are the
+replay's last.
 
 The runs: (a) seed 0 from scratch, the demo's task nine times (the same-decisions matrix: three
 runs in the default layout, three channels-last, the reading interval pinned at 10, 20 and 40),
@@ -39,6 +41,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -64,7 +67,16 @@ SUITE = [
 ]
 
 
-class EveryAverage(ModuleWatch):
+class SpanMeanFloor(ModuleWatch):
+    """A watch with record 042's floor, the mean of the floors of the span (record 043 took
+    their median), so that this study replays the quiet tests as they were compared then."""
+
+    @property
+    def floor_level(self) -> float | None:
+        return math.fsum(self.floors) / len(self.floors) if self.floors else None
+
+
+class EveryAverage(SpanMeanFloor):
     """The quiet test before record 042: quiet at a reading whose moving average (over the
     span) is at most ``floor_ratio`` x the floor, freezing once a run of such readings
     covers a span."""
@@ -82,13 +94,13 @@ class EveryAverage(ModuleWatch):
         return dataclasses.replace(reading, freeze=freeze, quiet=self.quiet)
 
 
-class MedianOfTwo(ModuleWatch):
+class MedianOfTwo(SpanMeanFloor):
     """The median of the readings of two spans."""
 
     quiet_spans = 2
 
 
-TESTS = {"every average": EveryAverage, "median of 2 spans": MedianOfTwo, "median of 3 spans": ModuleWatch}
+TESTS = {"every average": EveryAverage, "median of 2 spans": MedianOfTwo, "median of 3 spans": SpanMeanFloor}
 
 
 @contextlib.contextmanager
@@ -135,17 +147,19 @@ def replay(run: dict, settings, own: dict[str, int], kind: type[ModuleWatch]) ->
     return frozen, parted
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, tests: dict[str, type[ModuleWatch]] = TESTS, out: Path = OUT,
+         suite: list[str] = SUITE, script: str = "quiet_replay.py") -> int:
+    """Replays ``suite`` (or the runs named in ``argv``) with each of ``tests``, written to ``out``."""
     from egeria import EgeriaConfig
     from egeria.knowledge.policy import rule_settings
 
     from rule_replay import announce, own_freezes, print_replay, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="*", default=SUITE)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("runs", nargs="*", default=suite)
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args(argv)
-    command = announce("quiet_replay.py", sys.argv[1:] if argv is None else argv)
+    command = announce(script, sys.argv[1:] if argv is None else argv)
     settings = rule_settings(EgeriaConfig())
     results = []
     for path in args.runs:
@@ -157,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{path}: its own freezes, at their readings' steps, "
               + (", ".join(f"{m} {s}" for m, s in own.items()) or "none"))
         entry = {"run": path, "own_freezes": own, "replays": {}, "parted_at": {}}
-        for name, kind in TESTS.items():
+        for name, kind in tests.items():
             frozen, parted = replay(run, settings, own, kind)
             entry["replays"][name], entry["parted_at"][name] = frozen, parted
-            print_replay(name, 18, frozen, parted)
+            print_replay(name, max(map(len, tests)) + 1, frozen, parted)
         results.append(entry)
     write_results(args.out, command, results=results)
     return 0

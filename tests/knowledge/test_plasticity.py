@@ -210,3 +210,21 @@ def test_a_watch_saved_before_the_median_takes_its_spans_readings_as_evidence():
     old = ModuleWatch.from_state(state)
     assert old.evidence == old.raw and old.evidence_steps == old.steps == [40, 60, 80]
     assert old.update(1.0, floor=1.0, step=100).freeze  # its verdict carries on
+
+
+def test_one_stray_floor_does_not_make_a_moving_module_quiet():
+    """The demo's stem read every 20 steps on an AMD EPYC VM (the same-decisions matrix of
+    2026-12-08), the first span after the first drop: its readings 7.5e-6, 6.5e-7 and 7.1e-7
+    against floors of 7.7e-8, 1.4e-8 and 2.5e-7, a floor tenfold its neighbours. The mean of
+    those floors (1.1e-7) put 8x the floor above the readings' median and froze the stem at
+    step 500, where every run read every 28-40 steps froze it at 700-723; their median
+    (7.7e-8) does not (docs/decisions/043-floor-median.md)."""
+    watch = ModuleWatch(window=3, tolerance_ratio=0.2, floor_ratio=8.0, lag=20)
+    for step, plasticity, floor in ((440, 7.54e-6, 7.7e-8), (460, 6.51e-7, 1.42e-8), (480, 7.08e-7, 2.45e-7)):
+        reading = watch.update(plasticity, floor, step)
+    assert reading.floor == pytest.approx(7.7e-8)
+    assert reading.median == pytest.approx(7.08e-7)
+    assert (reading.quiet, reading.freeze) == (0, False)
+    # once most of its readings of the evidence sit near the floor, it is quiet as before
+    verdicts = [watch.update(1.0e-7, 7.0e-8, step).freeze for step in (500, 520, 540)]
+    assert verdicts == [False, False, True]

@@ -233,8 +233,8 @@ class Controller:
 
     def _read(self, index: int, plasticity: float, request: Request, mass: float | None, straddles: bool) -> dict:
         """One module's reading through its rule; the history row."""
-        lr = request.lr
-        reading = self.rule.read(index, plasticity, lr, self.floors.get(index), mass=mass, ahead=request.mass_ahead,
+        lr, floor = request.lr, self.floors.get(index)
+        reading = self.rule.read(index, plasticity, lr, floor, mass=mass, ahead=request.mass_ahead,
                                  peak=request.lr_peak, regime=request.regime, step=request.step, straddles=straddles)
         if not reading.counted:
             logger.debug("step %d: learning rate %.3g, a new regime: %s's average restarts", request.step, lr,
@@ -257,6 +257,7 @@ class Controller:
             "pace": None if outlook is None else outlook.pace,  # drift per unit of mass, median over the span
             "outlook_share": None if outlook is None else outlook.share,  # drift still to come / its largest
             "floor": reading.floor,  # the smoothed floor (None: not measured)
+            "raw_floor": floor,  # the floor measured at the reading's refresh (None: not measured)
             "quiet": reading.quiet,
             "median": reading.median,  # the median of the readings the quiet verdict takes
         }

@@ -13,7 +13,8 @@ A reading can also come with the module's *floor*: what a reading reads when the
 not moved at all (the reference's own error against the training side, measured right after
 a refresh). With ``floor_ratio``, a module is *quiet* at a reading where the median of its
 readings of the last three spans (at least one span of them, since the schedule's latest
-jump) is at most ``floor_ratio`` x its smoothed floor: its drift is within a few times the
+jump) is at most ``floor_ratio`` x its smoothed floor (the median of the floors of the last
+span: docs/decisions/043-floor-median.md): its drift is within a few times the
 reference's own error, where the slope is mostly noise (``rule="egeria"``; how far above
 its floor a fine-tuned front and a front trained from scratch read:
 docs/decisions/012-floor-ratio.md). Near its floor a module's readings swing tenfold from
@@ -78,7 +79,7 @@ class Reading:
     stale: int  # consecutive readings with |slope| <= tolerance, this one included
     freeze: bool  # the module should freeze now
     counted: bool = True  # False: it straddled a learning-rate change and joined no average
-    floor: float | None = None  # the smoothed floor (None: no floor known)
+    floor: float | None = None  # the smoothed floor, the median of the span's (None: no floor known)
     quiet: int = 0  # consecutive quiet verdicts (docs/decisions/042-quiet-on-the-median.md), this one included
     median: float | None = None  # the median of the readings the quiet verdict takes (None: not counted)
 
@@ -245,8 +246,11 @@ class ModuleWatch:
 
     @property
     def floor_level(self) -> float | None:
-        """The smoothed floor: the mean of the last W floors (None: none known)."""
-        return math.fsum(self.floors) / len(self.floors) if self.floors else None
+        """The smoothed floor: the median of the floors of the span (None: none known). A
+        module's floor swings up to tenfold from one reading to the next, and a mean of the
+        two or three floors a span holds after a schedule jump follows one stray floor; the
+        median does not (docs/decisions/043-floor-median.md)."""
+        return statistics.median(self.floors) if self.floors else None
 
     def state_dict(self) -> dict:
         return {

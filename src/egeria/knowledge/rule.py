@@ -99,8 +99,9 @@ class RuleSettings:
             rate between readings) starts each module's span afresh
             (:meth:`ModuleWatch.new_regime`).
         floor_ratio: a module is quiet at readings where the median of its readings of the
-            last three spans is at most this many times its smoothed floor (what it reads
-            when it has not moved). None: floors are not compared (nor measured).
+            last three spans is at most this many times its floor (what it reads when it
+            has not moved; the median of the floors of the last span). None: floors are not
+            compared (nor measured).
         low_lr: a module that is not still freezes only at a learning rate at most this
             share of the run's peak (None: any learning rate, as in the paper).
         idle_share: a module is idle at evaluations where its smoothed plasticity is at
