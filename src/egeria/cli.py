@@ -36,8 +36,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         description="Trains ResNet-20 on a Fashion-MNIST subset three times from the same initial weights and "
         "batch order, plain PyTorch, Egeria's defaults and Egeria speed='fast', in three processes taking turns "
         "every 10 steps, and prints a side-by-side table; writes demo.png and demo.json. Each run trains 800 "
-        "steps, evaluated on 2,000 test images between epochs and on all 10,000 at the end (6 to 8 minutes in all on a "
-        "2-core Intel Xeon VM with AVX-512: benchmarks/RESULTS.md; --device cuda trains on a GPU).",
+        "steps, evaluated on 2,000 test images between epochs and on all 10,000 at the end (7 to 9 minutes in all on "
+        "2-core Intel Xeon and AMD EPYC VMs: benchmarks/RESULTS.md; --device cuda trains on a GPU).",
     )
     p.add_argument("--out", default="egeria-demo", metavar="DIR", help="output directory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batch order (default: 0)")
