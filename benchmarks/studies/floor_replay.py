@@ -31,12 +31,11 @@ Writes ``benchmarks/results/quiet_replay/floor_replay.json``. No training: secon
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from pathlib import Path
 
-from egeria.knowledge.plasticity import ModuleWatch
+from egeria.knowledge.plasticity import ModuleWatch, _appended
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -62,31 +61,27 @@ def floor_over_evidence(statistic, restart: bool) -> type[ModuleWatch]:
     window (three spans), restarted at a schedule jump where ``restart``."""
 
     class Watch(ModuleWatch):
+        evidence_floors: tuple[list[int], list[float]] = ([], [])  # steps, floors
+
         def update(self, plasticity: float, floor: float | None = None, step: int | None = None):
-            kept = getattr(self, "evidence_floors", [])
-            at = step if step is not None else (self.lag if self.step is None else self.step + self.lag)
             if floor is not None and not self.straddling:
-                since = at - self.quiet_spans * self.span + self.lag
-                kept = [(s, v) for s, v in kept if s >= since] + [(at, float(floor))]
-            self.evidence_floors = kept
+                at = step if step is not None else (self.lag if self.step is None else self.step + self.lag)
+                self.evidence_floors = _appended(*self.evidence_floors, at, floor,
+                                                 since=at - self.quiet_spans * self.span + self.lag)
             return super().update(plasticity, floor, step)
 
         def new_regime(self, lr: float, regime: int | None = None, straddles: bool = True) -> bool:
             jumped = super().new_regime(lr, regime, straddles)
             if jumped and restart:
-                self.evidence_floors = []
+                self.evidence_floors = ([], [])
             return jumped
 
         @property
         def floor_level(self) -> float | None:
-            floors = [v for _, v in getattr(self, "evidence_floors", [])]
+            floors = self.evidence_floors[1]
             return statistic(floors) if floors else None
 
     return Watch
-
-
-def mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values)
 
 
 TESTS = {
@@ -94,7 +89,7 @@ TESTS = {
     "median of the span's floors": ModuleWatch,
     "median of 3 spans' floors, restarted": floor_over_evidence(statistics.median, restart=True),
     "median of 3 spans' floors, kept": floor_over_evidence(statistics.median, restart=False),
-    "mean of 3 spans' floors, kept": floor_over_evidence(mean, restart=False),
+    "mean of 3 spans' floors, kept": floor_over_evidence(statistics.fmean, restart=False),
 }
 
 

@@ -41,7 +41,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -73,7 +73,7 @@ class SpanMeanFloor(ModuleWatch):
 
     @property
     def floor_level(self) -> float | None:
-        return math.fsum(self.floors) / len(self.floors) if self.floors else None
+        return statistics.fmean(self.floors) if self.floors else None
 
 
 class EveryAverage(SpanMeanFloor):

@@ -57,7 +57,7 @@ def test_a_reading_four_times_cheaper_or_dearer_freezes_the_same_modules_within_
     """The cost budget (1%) asks n = 2, 8 and 32 for a reading of 2, 8 and 32 ms against a
     100 ms step: the readings come every 4, 8 and 8 steps (D = 4, at most (W - 1) x D = 8),
     once the first readings, one every D steps, have set the tolerances; the same modules
-    freeze at the same steps, within one of the coarsest interval (8 steps): the spans the
+    freeze at the same steps, within the coarsest interval (8 steps): the spans the
     rule counts are steps, and a reading four times cheaper or dearer only reads them more
     or less densely (docs/decisions/038-steps-not-readings.md)."""
     runs = {cost: _run_at_cost(monkeypatch, cost) for cost in (0.002, 0.008, 0.032)}
